@@ -1,0 +1,229 @@
+//! A worker's session with a durable pull consumer.
+//!
+//! One bidirectional `Consume` stream carries this worker's pulls and acks up
+//! and its messages and statuses down. While the stream is open the worker is
+//! one of the consumer's round-robin candidates whenever it has a pull
+//! waiting; closing it (drop, crash, network cut) withdraws its pulls at once.
+//! Messages it received and did not ack go to another worker after AckWait.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use wharf_proto::v1 as pb;
+use wharf_proto::v1::consume_response::Kind;
+
+use crate::error::{retryable, ClientError, Result};
+use crate::Client;
+
+/// Extra time, beyond a pull's own expiry, to wait for the server's verdict.
+const PULL_GRACE: Duration = Duration::from_secs(3);
+/// How long one synchronous ack waits for its reply before the session is reopened.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub subject: String,
+    pub payload: Bytes,
+    pub stream_seq: u64,
+    pub consumer_seq: u64,
+    /// Delivery count: 1 the first time, more on redelivery.
+    pub delivered: u64,
+    pub published_ms: i64,
+}
+
+impl From<pb::Message> for Message {
+    fn from(m: pb::Message) -> Self {
+        Message {
+            subject: m.subject,
+            payload: m.payload,
+            stream_seq: m.stream_seq,
+            consumer_seq: m.consumer_seq,
+            delivered: m.delivered,
+            published_ms: m.published_ms,
+        }
+    }
+}
+
+struct Session {
+    tx: mpsc::Sender<pb::ConsumeRequest>,
+    rx: tonic::Streaming<pb::ConsumeResponse>,
+}
+
+pub struct Consumer {
+    client: Client,
+    stream: String,
+    name: String,
+    session: Option<Session>,
+    next_id: u64,
+    /// Messages that arrived while waiting for something else.
+    stash: VecDeque<Message>,
+}
+
+impl Consumer {
+    pub(crate) fn new(client: Client, stream: &str, name: &str) -> Self {
+        Consumer {
+            client,
+            stream: stream.to_string(),
+            name: name.to_string(),
+            session: None,
+            next_id: 1,
+            stash: VecDeque::new(),
+        }
+    }
+
+    async fn open(&mut self) -> Result<&mut Session> {
+        if self.session.is_none() {
+            let (tx, rx) = mpsc::channel(1024);
+            let open = pb::ConsumeOpen { stream: self.stream.clone(), consumer: self.name.clone() };
+            let first = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Open(open)) };
+            tx.send(first).await.map_err(|_| ClientError::Timeout("session closed".into()))?;
+            let mut grpc = self.client.current();
+            match grpc.consume(ReceiverStream::new(rx)).await {
+                Ok(resp) => self.session = Some(Session { tx, rx: resp.into_inner() }),
+                Err(s) => {
+                    self.client.rotate();
+                    return Err(s.into());
+                }
+            }
+        }
+        Ok(self.session.as_mut().expect("opened above"))
+    }
+
+    fn broken(&mut self) {
+        self.session = None;
+        self.client.rotate();
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Pull up to `batch` messages, waiting at most `wait` for them. Returns
+    /// fewer (possibly none) when the wait ends first. Rides through node
+    /// failures by reopening the session; gives up with the last error only
+    /// when no session could be had for the whole retry window.
+    pub async fn fetch(&mut self, batch: u32, wait: Duration) -> Result<Vec<Message>> {
+        let mut out: Vec<Message> = self.stash.drain(..).collect();
+        if out.len() >= batch as usize {
+            return Ok(out);
+        }
+        let give_up = tokio::time::Instant::now() + wait.max(self.client.retry_for());
+        let wait_until = tokio::time::Instant::now() + wait;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let now = tokio::time::Instant::now();
+            let remaining = wait_until.saturating_duration_since(now);
+            match self.pull_once(batch - out.len() as u32, remaining, &mut out).await {
+                Ok(()) => return Ok(out),
+                Err(e) if is_retryable(&e) && now < give_up => {
+                    self.broken();
+                    if !out.is_empty() {
+                        return Ok(out);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    self.broken();
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    async fn pull_once(&mut self, batch: u32, wait: Duration, out: &mut Vec<Message>) -> Result<()> {
+        let id = self.next_id();
+        let session = self.open().await?;
+        let pull = pb::PullRequest {
+            id,
+            batch,
+            expires_ms: wait.as_millis().max(1) as u64,
+            no_wait: wait.is_zero(),
+        };
+        let req = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Pull(pull)) };
+        session.tx.send(req).await.map_err(|_| ClientError::Timeout("session closed".into()))?;
+        let deadline = tokio::time::Instant::now() + wait + PULL_GRACE;
+        loop {
+            let next = tokio::time::timeout_at(deadline, session.rx.message()).await;
+            match next {
+                Err(_) => return Err(tonic::Status::unavailable("no answer to pull").into()),
+                Ok(Err(s)) => return Err(s.into()),
+                Ok(Ok(None)) => return Err(tonic::Status::unavailable("session ended").into()),
+                Ok(Ok(Some(resp))) => match resp.kind {
+                    Some(Kind::Message(m)) => out.push(m.into()),
+                    Some(Kind::Status(s)) if s.pull_id == id => {
+                        let code = pb::pull_status::Code::try_from(s.code).ok();
+                        if code == Some(pb::pull_status::Code::TooManyWaiting) {
+                            return Err(tonic::Status::resource_exhausted(s.text).into());
+                        }
+                        return Ok(());
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    /// Acknowledge one message; returns once the ack is committed.
+    pub async fn ack(&mut self, stream_seq: u64) -> Result<()> {
+        let give_up = tokio::time::Instant::now() + self.client.retry_for();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.ack_once(stream_seq).await {
+                Ok(()) => return Ok(()),
+                Err(e) if is_retryable(&e) && tokio::time::Instant::now() < give_up => {
+                    self.broken();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn ack_once(&mut self, stream_seq: u64) -> Result<()> {
+        let reply_id = self.next_id();
+        let session = self.open().await?;
+        let ack = pb::AckRequest { stream_seq, reply_id };
+        let req = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Ack(ack)) };
+        session.tx.send(req).await.map_err(|_| ClientError::Timeout("session closed".into()))?;
+        let deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
+        let mut stash = Vec::new();
+        let result = loop {
+            match tokio::time::timeout_at(deadline, session.rx.message()).await {
+                Err(_) => break Err(tonic::Status::unavailable("no answer to ack").into()),
+                Ok(Err(s)) => break Err(s.into()),
+                Ok(Ok(None)) => break Err(tonic::Status::unavailable("session ended").into()),
+                Ok(Ok(Some(resp))) => match resp.kind {
+                    Some(Kind::AckReply(r)) if r.reply_id == reply_id => {
+                        if r.error.is_empty() {
+                            break Ok(());
+                        }
+                        break Err(tonic::Status::unavailable(r.error).into());
+                    }
+                    Some(Kind::Message(m)) => stash.push(Message::from(m)),
+                    _ => {}
+                },
+            }
+        };
+        self.stash.extend(stash);
+        result
+    }
+
+    /// End the session; the server drops this worker's waiting pulls.
+    pub fn close(mut self) {
+        self.session = None;
+    }
+}
+
+fn is_retryable(e: &ClientError) -> bool {
+    match e {
+        ClientError::Status(s) => retryable(s),
+        ClientError::Timeout(_) => true,
+        ClientError::InvalidAddress(_) => false,
+    }
+}

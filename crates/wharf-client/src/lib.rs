@@ -1,0 +1,218 @@
+//! Async Rust client for Wharf.
+//!
+//! `Client` talks to any node of a cluster given a list of seed addresses. A
+//! call that fails because a node is down or leadership is moving is retried
+//! on the next seed with backoff, for a bounded time (`retry_for`), so
+//! publishers ride through node loss by themselves. `Consumer` is a worker's
+//! session with a durable pull consumer: `fetch` pulls a batch, `ack`
+//! acknowledges one message and returns once the ack is committed. A broken
+//! session is reopened on the next call; acks are idempotent, so one that may
+//! have been lost is simply sent again.
+//!
+//! Left out: publish deduplication on retry (a publish retried after an
+//! unknown outcome may be stored twice), TLS and credentials.
+
+mod consumer;
+mod error;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tonic::transport::{Channel, Endpoint};
+use wharf_proto::v1 as pb;
+use wharf_proto::v1::wharf_client::WharfClient;
+
+pub use consumer::{Consumer, Message};
+pub use error::{ClientError, Result};
+pub use wharf_proto::v1 as proto;
+
+/// The dev cluster's addresses, the default for every client.
+pub const DEFAULT_SERVERS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
+
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    seeds: Vec<(String, WharfClient<Channel>)>,
+    current: AtomicUsize,
+    retry_for: Duration,
+}
+
+impl Client {
+    /// A client for the comma-separated `host:port` list. Connections are made lazily.
+    pub fn new(servers: &str) -> Result<Client> {
+        let mut seeds = Vec::new();
+        for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+            let endpoint = Endpoint::from_shared(url)
+                .map_err(|e| ClientError::InvalidAddress(format!("{addr}: {e}")))?
+                .connect_timeout(Duration::from_secs(1))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(5))
+                .keep_alive_timeout(Duration::from_secs(5));
+            let client = WharfClient::new(endpoint.connect_lazy())
+                .max_decoding_message_size(64 * 1024 * 1024);
+            seeds.push((addr.to_string(), client));
+        }
+        if seeds.is_empty() {
+            return Err(ClientError::InvalidAddress("no server address given".into()));
+        }
+        Ok(Client {
+            inner: Arc::new(Inner {
+                seeds,
+                current: AtomicUsize::new(0),
+                retry_for: Duration::from_secs(30),
+            }),
+        })
+    }
+
+    /// How long calls keep retrying through failover before giving up.
+    pub fn with_retry_for(self, retry_for: Duration) -> Client {
+        let inner = Inner {
+            seeds: self.inner.seeds.clone(),
+            current: AtomicUsize::new(self.inner.current.load(Ordering::Relaxed)),
+            retry_for,
+        };
+        Client { inner: Arc::new(inner) }
+    }
+
+    pub(crate) fn retry_for(&self) -> Duration {
+        self.inner.retry_for
+    }
+
+    /// The gRPC client of the current seed.
+    pub(crate) fn current(&self) -> WharfClient<Channel> {
+        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.seeds.len();
+        self.inner.seeds[i].1.clone()
+    }
+
+    /// Move to the next seed after a failure.
+    pub(crate) fn rotate(&self) {
+        self.inner.current.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Run a unary call, moving across seeds while the failure is transient.
+    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut(WharfClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.inner.retry_for;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match f(self.current()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if error::retryable(&s) && tokio::time::Instant::now() + backoff < deadline => {
+                    tracing::debug!("retrying after {}: {}", s.code(), s.message());
+                    self.rotate();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(s) => return Err(s.into()),
+            }
+        }
+    }
+
+    pub async fn add_stream(&self, config: pb::StreamConfig) -> Result<pb::StreamInfo> {
+        let req = pb::AddStreamRequest { config: Some(config) };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.add_stream(req).await }
+        })
+        .await
+    }
+
+    pub async fn stream_info(&self, name: &str) -> Result<pb::StreamInfo> {
+        let req = pb::GetStreamRequest { name: name.to_string() };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.get_stream(req).await }
+        })
+        .await
+    }
+
+    pub async fn list_streams(&self) -> Result<Vec<pb::StreamInfo>> {
+        let r = self.call(|mut c| async move { c.list_streams(pb::ListStreamsRequest {}).await });
+        Ok(r.await?.streams)
+    }
+
+    pub async fn delete_stream(&self, name: &str) -> Result<()> {
+        let req = pb::DeleteStreamRequest { name: name.to_string() };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.delete_stream(req).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Publish one message; returns once a majority of the stream's replicas
+    /// has it on disk.
+    pub async fn publish(&self, subject: &str, payload: impl Into<Bytes>) -> Result<pb::PublishAck> {
+        let req = pb::PublishRequest { subject: subject.to_string(), payload: payload.into() };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.publish(req).await }
+        })
+        .await
+    }
+
+    pub async fn add_consumer(&self, stream: &str, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo> {
+        let req = pb::AddConsumerRequest { stream: stream.to_string(), config: Some(config) };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.add_consumer(req).await }
+        })
+        .await
+    }
+
+    pub async fn update_consumer(&self, stream: &str, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo> {
+        let req = pb::AddConsumerRequest { stream: stream.to_string(), config: Some(config) };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.update_consumer(req).await }
+        })
+        .await
+    }
+
+    pub async fn consumer_info(&self, stream: &str, name: &str) -> Result<pb::ConsumerInfo> {
+        let req = pb::GetConsumerRequest { stream: stream.to_string(), name: name.to_string() };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.get_consumer(req).await }
+        })
+        .await
+    }
+
+    pub async fn list_consumers(&self, stream: &str) -> Result<Vec<pb::ConsumerInfo>> {
+        let req = pb::ListConsumersRequest { stream: stream.to_string() };
+        let r = self.call(|mut c| {
+            let req = req.clone();
+            async move { c.list_consumers(req).await }
+        });
+        Ok(r.await?.consumers)
+    }
+
+    pub async fn delete_consumer(&self, stream: &str, name: &str) -> Result<()> {
+        let req = pb::DeleteConsumerRequest { stream: stream.to_string(), name: name.to_string() };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.delete_consumer(req).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn cluster_status(&self) -> Result<pb::ClusterStatusResponse> {
+        self.call(|mut c| async move { c.cluster_status(pb::ClusterStatusRequest {}).await }).await
+    }
+
+    /// A worker's handle on a durable consumer.
+    pub fn consumer(&self, stream: &str, name: &str) -> Consumer {
+        Consumer::new(self.clone(), stream, name)
+    }
+}

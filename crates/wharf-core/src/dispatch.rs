@@ -1,0 +1,311 @@
+//! Leader-only dispatch: waiting pull requests and round-robin planning.
+//!
+//! Workers open sessions and send pull requests ("give me up to N
+//! messages"). The consumer's Raft leader keeps those requests here, in
+//! memory, and [`Dispatcher::plan`]s which message goes to which request.
+//! The caller proposes the plan through Raft
+//! ([`crate::ConsumerState::apply_deliver`] with the assignments' stream
+//! seqs and [`Plan::gone`]), sends messages only after the commit (matching
+//! the returned deliveries to assignments by stream seq), then calls
+//! [`Dispatcher::settle`].
+//!
+//! Invariants:
+//! - a stream seq is planned at most once while it is in flight (proposed
+//!   but not applied), so two workers never get the same delivery;
+//! - first deliveries in flight count against MaxAckPending;
+//! - pulls are served round-robin: one message to the pull at the front,
+//!   which then goes to the back if it wants more;
+//! - a pull is reported exactly once as finished (done or expired); pulls
+//!   dropped with [`Dispatcher::remove_session`] are not reported.
+//!
+//! Deliberately left out (the caller's job): sending messages, heartbeats,
+//! no-wait pulls and max_bytes pulls. Nothing here is replicated; after a
+//! leadership change the new leader starts from [`Dispatcher::reset`] and
+//! the workers pull again.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::consumer::ConsumerState;
+use crate::error::CoreError;
+use crate::stream::StreamState;
+
+/// Identifies a worker's session (one gRPC stream).
+pub type SessionId = u64;
+
+/// A pull request waiting for messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingPull {
+    /// Session that sent it.
+    pub session: SessionId,
+    /// Id the worker gave it, unique within the session while waiting.
+    pub pull_id: u64,
+    /// Messages it still wants.
+    pub remaining: u32,
+    /// When it gives up, if ever.
+    pub expires_at_ms: Option<i64>,
+    /// Messages planned for it so far.
+    pub delivered: u32,
+}
+
+/// One message planned for one pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Which message.
+    pub stream_seq: u64,
+    /// Which session gets it.
+    pub session: SessionId,
+    /// Which of the session's pulls.
+    pub pull_id: u64,
+    /// Whether it is a redelivery (AckWait ran out).
+    pub redelivery: bool,
+}
+
+/// Why a pull stopped waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PullEnd {
+    /// It got all the messages it asked for.
+    Done,
+    /// Its expiry passed first.
+    Expired,
+}
+
+/// A pull request that stopped waiting; the caller tells the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishedPull {
+    /// Session that sent it.
+    pub session: SessionId,
+    /// Its id.
+    pub pull_id: u64,
+    /// Messages planned for it in total.
+    pub delivered: u32,
+    /// Why it ended.
+    pub end: PullEnd,
+}
+
+/// The outcome of [`Dispatcher::plan`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Messages to propose, redeliveries first, in the order to deliver.
+    pub assignments: Vec<Assignment>,
+    /// Pending stream seqs the stream no longer holds; propose them too so
+    /// they leave the consumer's pending set.
+    pub gone: Vec<u64>,
+    /// Pulls that ended (expired before planning, or filled by this plan).
+    pub finished: Vec<FinishedPull>,
+}
+
+impl Plan {
+    /// Nothing to propose and nothing to report.
+    pub fn is_empty(&self) -> bool {
+        self.assignments.is_empty() && self.gone.is_empty() && self.finished.is_empty()
+    }
+
+    /// The stream seqs of the assignments, in order: the `stream_seqs`
+    /// argument of [`ConsumerState::apply_deliver`].
+    pub fn stream_seqs(&self) -> Vec<u64> {
+        self.assignments.iter().map(|a| a.stream_seq).collect()
+    }
+}
+
+/// Leader-side state of one consumer's dispatch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dispatcher {
+    /// Waiting pulls in round-robin order.
+    waiting: VecDeque<WaitingPull>,
+    /// Stream seqs proposed and not yet settled -> is it a first delivery?
+    inflight: BTreeMap<u64, bool>,
+    /// First deliveries in `inflight`.
+    inflight_new: usize,
+    /// Highest stream seq planned as a first delivery (0 when none in flight).
+    cursor: u64,
+}
+
+impl Dispatcher {
+    /// No waiting pulls, nothing in flight.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues a pull request for `batch` messages at the back. Refused when
+    /// `batch` is 0, when `max_waiting` (if positive) pulls already wait, or
+    /// when the session already has a waiting pull with this id.
+    pub fn add_pull(
+        &mut self,
+        session: SessionId,
+        pull_id: u64,
+        batch: u32,
+        expires_at_ms: Option<i64>,
+        max_waiting: i64,
+    ) -> Result<(), CoreError> {
+        if batch == 0 {
+            return Err(CoreError::InvalidBatch);
+        }
+        if max_waiting > 0 && self.waiting.len() as u64 >= max_waiting as u64 {
+            return Err(CoreError::TooManyWaiting { max_waiting });
+        }
+        if self
+            .waiting
+            .iter()
+            .any(|w| w.session == session && w.pull_id == pull_id)
+        {
+            return Err(CoreError::DuplicatePull { session, pull_id });
+        }
+        self.waiting.push_back(WaitingPull {
+            session,
+            pull_id,
+            remaining: batch,
+            expires_at_ms,
+            delivered: 0,
+        });
+        Ok(())
+    }
+
+    /// Drops the session's waiting pulls; returns how many there were.
+    pub fn remove_session(&mut self, session: SessionId) -> usize {
+        let before = self.waiting.len();
+        self.waiting.retain(|w| w.session != session);
+        before - self.waiting.len()
+    }
+
+    /// Removes pulls whose expiry is at or before `now_ms`, in queue order.
+    pub fn expire(&mut self, now_ms: i64) -> Vec<FinishedPull> {
+        let mut finished = Vec::new();
+        self.waiting.retain(|w| {
+            let expired = w.expires_at_ms.is_some_and(|t| t <= now_ms);
+            if expired {
+                finished.push(finished_pull(w, PullEnd::Expired));
+            }
+            !expired
+        });
+        finished
+    }
+
+    /// The earliest expiry among waiting pulls.
+    pub fn next_expiry_ms(&self) -> Option<i64> {
+        self.waiting.iter().filter_map(|w| w.expires_at_ms).min()
+    }
+
+    /// How many pulls are waiting.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The waiting pulls, front of the queue first.
+    pub fn waiting(&self) -> impl Iterator<Item = &WaitingPull> {
+        self.waiting.iter()
+    }
+
+    /// Stream seqs proposed and not yet settled.
+    pub fn num_inflight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Plans up to `max_batch` deliveries at `now_ms`. Pulls expired at
+    /// `now_ms` are removed first (reported as [`PullEnd::Expired`]). Then
+    /// redeliveries whose AckWait ran out (skipping those in flight; those
+    /// the stream lost go to [`Plan::gone`]), then new messages matching the
+    /// consumer's filter, as MaxAckPending allows. Each message goes to the
+    /// pull at the front of the queue, which moves to the back if it wants
+    /// more, or is reported [`PullEnd::Done`]. Planned seqs are in flight
+    /// until [`Self::settle`]d.
+    pub fn plan(
+        &mut self,
+        consumer: &ConsumerState,
+        stream: &StreamState,
+        now_ms: i64,
+        max_batch: usize,
+    ) -> Plan {
+        let mut plan = Plan {
+            finished: self.expire(now_ms),
+            ..Plan::default()
+        };
+        for seq in consumer.due_iter(now_ms) {
+            if self.waiting.is_empty() || plan.assignments.len() >= max_batch {
+                break;
+            }
+            if self.inflight.contains_key(&seq) {
+                continue;
+            }
+            if stream.get(seq).is_none() {
+                plan.gone.push(seq);
+                continue;
+            }
+            self.assign(&mut plan, seq, true);
+        }
+        let filter = consumer.config().filter_subject.as_deref();
+        let mut after = self.cursor.max(consumer.delivered().stream_seq);
+        let mut room = consumer.ack_pending_room(self.inflight_new);
+        while room > 0 && !self.waiting.is_empty() && plan.assignments.len() < max_batch {
+            let Some(seq) = stream.next_matching(after, filter) else {
+                break;
+            };
+            self.assign(&mut plan, seq, false);
+            self.cursor = seq;
+            after = seq;
+            room -= 1;
+        }
+        plan
+    }
+
+    /// Gives `seq` to the pull at the front and rotates the queue.
+    fn assign(&mut self, plan: &mut Plan, seq: u64, redelivery: bool) {
+        let Some(mut pull) = self.waiting.pop_front() else {
+            return;
+        };
+        plan.assignments.push(Assignment {
+            stream_seq: seq,
+            session: pull.session,
+            pull_id: pull.pull_id,
+            redelivery,
+        });
+        self.inflight.insert(seq, !redelivery);
+        if !redelivery {
+            self.inflight_new += 1;
+        }
+        pull.remaining = pull.remaining.saturating_sub(1);
+        pull.delivered = pull.delivered.saturating_add(1);
+        if pull.remaining > 0 {
+            self.waiting.push_back(pull);
+        } else {
+            plan.finished.push(finished_pull(&pull, PullEnd::Done));
+        }
+    }
+
+    /// The Deliver command for these seqs was applied (or failed): they are
+    /// no longer in flight. Once no first delivery is in flight the cursor
+    /// falls back to the consumer's own position, so first deliveries whose
+    /// proposal failed are planned again.
+    pub fn settle(&mut self, stream_seqs: &[u64]) {
+        for seq in stream_seqs {
+            if self.inflight.remove(seq) == Some(true) {
+                self.inflight_new = self.inflight_new.saturating_sub(1);
+            }
+        }
+        if self.inflight_new == 0 {
+            self.cursor = 0;
+        }
+    }
+
+    /// Leadership lost or regained: forget what is in flight and the cursor.
+    /// Waiting pulls are kept; the caller drops them if it wants to.
+    pub fn reset(&mut self) {
+        self.inflight.clear();
+        self.inflight_new = 0;
+        self.cursor = 0;
+    }
+}
+
+fn finished_pull(w: &WaitingPull, end: PullEnd) -> FinishedPull {
+    FinishedPull {
+        session: w.session,
+        pull_id: w.pull_id,
+        delivered: w.delivered,
+        end,
+    }
+}
+
+#[cfg(test)]
+#[path = "dispatch_tests.rs"]
+mod tests;

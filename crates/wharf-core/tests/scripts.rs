@@ -1,0 +1,450 @@
+//! Data-driven script tests (in the style of toydb's goldenscript, hand-rolled).
+//!
+//! Every `tests/scripts/*.txt` file tells one story. Lines starting with `> `
+//! are commands; the lines after a command, up to a blank line, a comment
+//! (`#`) or the next command, are its expected output. Run with
+//! `UPDATE_SCRIPTS=1` to rewrite the expected output from the actual one
+//! (then review the diff!).
+//!
+//! The harness drives one stream, one consumer and one dispatcher the way
+//! the server does: `dispatch` plans, applies the plan to the consumer as
+//! the Raft command would, and settles. Time is a script clock set by any
+//! `now=T` argument (default 0). Commands:
+//!
+//! - `stream subjects=a,b [name= replicas= max_msgs= max_bytes= max_age_ms= max_msg_size=]`
+//! - `update_stream [same keys]` (starts from the current config)
+//! - `consumer [name= filter= ack_wait_ms= max_ack_pending= max_waiting=]`
+//! - `update_consumer [same keys]`
+//! - `publish <subject> [size=N] [count=N] [now=T]`
+//! - `pull session=S id=P batch=N [expires=T]`, `close session=S`
+//! - `dispatch [now=T] [max=N]`
+//! - `plan [now=T] [max=N]`, `commit [now=T]`, `fail` (split dispatch: plan
+//!   and propose, then apply or fail the oldest proposal)
+//! - `ack <seq>...`, `expire [now=T]`, `state`
+//!
+//! Errors from the crate print as `error: <message>`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use wharf_core::{
+    ConsumerConfig, ConsumerState, Dispatcher, FinishedPull, Plan, PullEnd, StreamConfig,
+    StreamState,
+};
+
+type Out = Result<Vec<String>, String>;
+
+/// Parsed `key=value` arguments plus bare words.
+struct Args {
+    keys: BTreeMap<String, String>,
+    words: Vec<String>,
+}
+
+impl Args {
+    fn parse(tokens: &[&str]) -> Args {
+        let mut keys = BTreeMap::new();
+        let mut words = Vec::new();
+        for t in tokens {
+            match t.split_once('=') {
+                Some((k, v)) => {
+                    keys.insert(k.to_string(), v.to_string());
+                }
+                None => words.push(t.to_string()),
+            }
+        }
+        Args { keys, words }
+    }
+
+    fn take<T: std::str::FromStr>(&mut self, key: &str) -> Result<Option<T>, String> {
+        match self.keys.remove(key) {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("bad value {v:?} for {key}")),
+        }
+    }
+
+    fn need<T: std::str::FromStr>(&mut self, key: &str) -> Result<T, String> {
+        self.take(key)?.ok_or_else(|| format!("missing {key}="))
+    }
+
+    fn done(self) -> Result<(), String> {
+        match self.keys.keys().next() {
+            Some(k) => Err(format!("unknown argument {k}=")),
+            None => Ok(()),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Harness {
+    stream: Option<StreamState>,
+    consumer: Option<ConsumerState>,
+    dispatcher: Dispatcher,
+    proposed: VecDeque<Plan>,
+    now_ms: i64,
+}
+
+impl Harness {
+    fn run(&mut self, line: &str) -> Out {
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        let (cmd, rest) = tokens.split_first().ok_or("empty command")?;
+        let mut args = Args::parse(rest);
+        if let Some(t) = args.take("now")? {
+            self.now_ms = t;
+        }
+        let out = match *cmd {
+            "stream" => self.stream_cmd(&mut args, false),
+            "update_stream" => self.stream_cmd(&mut args, true),
+            "consumer" => self.consumer_cmd(&mut args, false),
+            "update_consumer" => self.consumer_cmd(&mut args, true),
+            "publish" => self.publish(&mut args),
+            "pull" => {
+                let session = args.need("session")?;
+                let id = args.need("id")?;
+                let batch = args.need("batch")?;
+                let expires = args.take("expires")?;
+                let max_waiting = self.consumer()?.config().max_waiting;
+                match self.dispatcher.add_pull(session, id, batch, expires, max_waiting) {
+                    Ok(()) => Ok(vec![]),
+                    Err(e) => Ok(vec![format!("error: {e}")]),
+                }
+            }
+            "close" => {
+                let n = self.dispatcher.remove_session(args.need("session")?);
+                Ok(vec![format!("dropped {n} waiting pull(s)")])
+            }
+            "dispatch" => {
+                let max = args.take("max")?.unwrap_or(100);
+                let plan = self.plan(max)?;
+                let mut out = self.apply(&plan)?;
+                out.extend(plan.finished.iter().map(finished));
+                Ok(nothing_if_empty(out))
+            }
+            "plan" => {
+                let max = args.take("max")?.unwrap_or(100);
+                let plan = self.plan(max)?;
+                let mut out: Vec<String> = plan
+                    .assignments
+                    .iter()
+                    .map(|a| {
+                        let kind = if a.redelivery { " redelivery" } else { "" };
+                        format!(
+                            "planned session={} pull={} stream_seq={}{kind}",
+                            a.session, a.pull_id, a.stream_seq
+                        )
+                    })
+                    .collect();
+                out.extend(plan.gone.iter().map(|s| format!("gone stream_seq={s}")));
+                out.extend(plan.finished.iter().map(finished));
+                self.proposed.push_back(plan);
+                Ok(nothing_if_empty(out))
+            }
+            "commit" => {
+                let plan = self.proposed.pop_front().ok_or("nothing proposed")?;
+                self.apply(&plan).map(nothing_if_empty)
+            }
+            "fail" => {
+                let plan = self.proposed.pop_front().ok_or("nothing proposed")?;
+                self.dispatcher.settle(&plan.stream_seqs());
+                Ok(vec![])
+            }
+            "ack" => {
+                let seqs = (args.words.iter())
+                    .map(|w| w.parse::<u64>().map_err(|_| format!("bad seq {w:?}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let n = self.consumer_mut()?.apply_ack(&seqs);
+                Ok(vec![format!("acked {n}")])
+            }
+            "expire" => {
+                let mut out: Vec<String> =
+                    self.dispatcher.expire(self.now_ms).iter().map(finished).collect();
+                let now = self.now_ms;
+                let removed = self.stream_mut()?.expire(now);
+                if !removed.is_empty() {
+                    out.push(format!("removed={}", join(&removed)));
+                }
+                Ok(nothing_if_empty(out))
+            }
+            "state" => self.state(),
+            other => Err(format!("unknown command {other:?}")),
+        }?;
+        args.done()?;
+        Ok(out)
+    }
+
+    fn stream_cmd(&mut self, args: &mut Args, update: bool) -> Out {
+        let mut cfg = match (&self.stream, update) {
+            (Some(s), true) => s.config().clone(),
+            (None, true) => return Err("no stream to update".into()),
+            _ => StreamConfig {
+                name: "ORDERS".into(),
+                ..StreamConfig::default()
+            },
+        };
+        if let Some(name) = args.take("name")? {
+            cfg.name = name;
+        }
+        if let Some(subjects) = args.take::<String>("subjects")? {
+            cfg.subjects = subjects.split(',').map(str::to_string).collect();
+        }
+        cfg.replicas = args.take("replicas")?.unwrap_or(cfg.replicas);
+        cfg.max_msgs = args.take("max_msgs")?.unwrap_or(cfg.max_msgs);
+        cfg.max_bytes = args.take("max_bytes")?.unwrap_or(cfg.max_bytes);
+        cfg.max_age_ms = args.take("max_age_ms")?.unwrap_or(cfg.max_age_ms);
+        cfg.max_msg_size = args.take("max_msg_size")?.unwrap_or(cfg.max_msg_size);
+        let cfg = cfg.with_defaults();
+        if let Some(s) = self.stream.as_mut().filter(|_| update) {
+            return Ok(match s.update_config(cfg, self.now_ms) {
+                Ok(removed) if removed.is_empty() => vec![],
+                Ok(removed) => vec![format!("removed={}", join(&removed))],
+                Err(e) => vec![format!("error: {e}")],
+            });
+        }
+        if let Err(e) = cfg.validate() {
+            return Ok(vec![format!("error: {e}")]);
+        }
+        self.stream = Some(StreamState::new(cfg));
+        Ok(vec![])
+    }
+
+    fn consumer_cmd(&mut self, args: &mut Args, update: bool) -> Out {
+        let mut cfg = match (&self.consumer, update) {
+            (Some(c), true) => c.config().clone(),
+            (None, true) => return Err("no consumer to update".into()),
+            _ => ConsumerConfig {
+                name: "workers".into(),
+                ..ConsumerConfig::default()
+            },
+        };
+        if let Some(name) = args.take("name")? {
+            cfg.name = name;
+        }
+        if let Some(filter) = args.take::<String>("filter")? {
+            cfg.filter_subject = Some(filter);
+        }
+        cfg.ack_wait_ms = args.take("ack_wait_ms")?.unwrap_or(cfg.ack_wait_ms);
+        cfg.max_ack_pending = args.take("max_ack_pending")?.unwrap_or(cfg.max_ack_pending);
+        cfg.max_waiting = args.take("max_waiting")?.unwrap_or(cfg.max_waiting);
+        let cfg = cfg.with_defaults();
+        if let Some(c) = self.consumer.as_mut().filter(|_| update) {
+            return Ok(match c.update_config(cfg) {
+                Ok(()) => vec![],
+                Err(e) => vec![format!("error: {e}")],
+            });
+        }
+        if let Err(e) = cfg.validate() {
+            return Ok(vec![format!("error: {e}")]);
+        }
+        self.consumer = Some(ConsumerState::new(cfg));
+        Ok(vec![])
+    }
+
+    fn publish(&mut self, args: &mut Args) -> Out {
+        let subject = args.words.first().cloned().ok_or("publish needs a subject")?;
+        let size = args.take("size")?.unwrap_or(10);
+        let count = args.take("count")?.unwrap_or(1);
+        let now = self.now_ms;
+        let stream = self.stream_mut()?;
+        let mut out = Vec::new();
+        for _ in 0..count {
+            out.push(match stream.append(&subject, size, now) {
+                Ok(a) if a.removed.is_empty() => format!("seq={}", a.seq),
+                Ok(a) => format!("seq={} removed={}", a.seq, join(&a.removed)),
+                Err(e) => format!("error: {e}"),
+            });
+        }
+        Ok(out)
+    }
+
+    fn plan(&mut self, max: usize) -> Result<Plan, String> {
+        let (Some(c), Some(s)) = (&self.consumer, &self.stream) else {
+            return Err("dispatch needs a stream and a consumer".into());
+        };
+        Ok(self.dispatcher.plan(c, s, self.now_ms, max))
+    }
+
+    /// Applies a plan as the Raft command would, settles it, and prints the
+    /// deliveries in assignment order.
+    fn apply(&mut self, plan: &Plan) -> Out {
+        let seqs = plan.stream_seqs();
+        let now = self.now_ms;
+        let deliveries = self.consumer_mut()?.apply_deliver(&seqs, &plan.gone, now);
+        self.dispatcher.settle(&seqs);
+        let mut out = Vec::new();
+        for a in &plan.assignments {
+            out.push(match deliveries.iter().find(|d| d.stream_seq == a.stream_seq) {
+                Some(d) => format!(
+                    "session={} pull={} stream_seq={} consumer_seq={} deliveries={}",
+                    a.session, a.pull_id, d.stream_seq, d.consumer_seq, d.deliveries
+                ),
+                None => format!(
+                    "skipped session={} pull={} stream_seq={}",
+                    a.session, a.pull_id, a.stream_seq
+                ),
+            });
+        }
+        out.extend(plan.gone.iter().map(|s| format!("gone stream_seq={s}")));
+        Ok(out)
+    }
+
+    fn state(&self) -> Out {
+        let mut out = Vec::new();
+        if let Some(s) = &self.stream {
+            let st = s.stats();
+            out.push(format!(
+                "stream: messages={} bytes={} first_seq={} last_seq={}",
+                st.messages, st.bytes, st.first_seq, st.last_seq
+            ));
+        }
+        let c = self.consumer()?;
+        let (d, f) = (c.delivered(), c.ack_floor());
+        out.push(format!("delivered: consumer_seq={} stream_seq={}", d.consumer_seq, d.stream_seq));
+        out.push(format!("ack_floor: consumer_seq={} stream_seq={}", f.consumer_seq, f.stream_seq));
+        for (seq, p) in c.pending_iter() {
+            out.push(format!(
+                "pending: stream_seq={seq} consumer_seq={} deliveries={} delivered_ms={}",
+                p.consumer_seq, p.deliveries, p.delivered_ms
+            ));
+        }
+        let num_pending = self.stream.as_ref().map_or(0, |s| {
+            s.count_matching_after(d.stream_seq, c.config().filter_subject.as_deref())
+        });
+        out.push(format!(
+            "num_ack_pending={} num_redelivered={} num_pending={} num_waiting={}",
+            c.num_ack_pending(),
+            c.num_redelivered(),
+            num_pending,
+            self.dispatcher.num_waiting()
+        ));
+        for w in self.dispatcher.waiting() {
+            let mut line = format!(
+                "waiting: session={} pull={} remaining={} delivered={}",
+                w.session, w.pull_id, w.remaining, w.delivered
+            );
+            if let Some(t) = w.expires_at_ms {
+                let _ = write!(line, " expires={t}");
+            }
+            out.push(line);
+        }
+        Ok(out)
+    }
+
+    fn consumer(&self) -> Result<&ConsumerState, String> {
+        self.consumer.as_ref().ok_or_else(|| "no consumer yet".into())
+    }
+
+    fn consumer_mut(&mut self) -> Result<&mut ConsumerState, String> {
+        self.consumer.as_mut().ok_or_else(|| "no consumer yet".into())
+    }
+
+    fn stream_mut(&mut self) -> Result<&mut StreamState, String> {
+        self.stream.as_mut().ok_or_else(|| "no stream yet".into())
+    }
+}
+
+fn finished(f: &FinishedPull) -> String {
+    let end = match f.end {
+        PullEnd::Done => "done",
+        PullEnd::Expired => "expired",
+    };
+    format!(
+        "finished session={} pull={} delivered={} {end}",
+        f.session, f.pull_id, f.delivered
+    )
+}
+
+fn nothing_if_empty(out: Vec<String>) -> Vec<String> {
+    if out.is_empty() {
+        vec!["nothing".to_string()]
+    } else {
+        out
+    }
+}
+
+fn join(seqs: &[u64]) -> String {
+    seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Runs one script; returns the regenerated text and a description of
+/// every mismatch.
+fn run_script(path: &Path, text: &str) -> (String, Vec<String>) {
+    let mut harness = Harness::default();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut regenerated = String::new();
+    let mut mismatches = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        i += 1;
+        let Some(cmd) = line.strip_prefix("> ") else {
+            regenerated.push_str(line);
+            regenerated.push('\n');
+            continue;
+        };
+        let cmd_line = i;
+        let mut expected = Vec::new();
+        while i < lines.len()
+            && !lines[i].trim().is_empty()
+            && !lines[i].starts_with("> ")
+            && !lines[i].starts_with('#')
+        {
+            expected.push(lines[i]);
+            i += 1;
+        }
+        let actual = harness.run(cmd).unwrap_or_else(|e| {
+            panic!("{}:{cmd_line}: script error in {cmd:?}: {e}", path.display())
+        });
+        if actual != expected {
+            mismatches.push(format!(
+                "{}:{cmd_line}: > {cmd}\n  expected:\n    {}\n  actual:\n    {}",
+                path.display(),
+                expected.join("\n    "),
+                actual.join("\n    ")
+            ));
+        }
+        let _ = writeln!(regenerated, "> {cmd}");
+        for l in actual {
+            let _ = writeln!(regenerated, "{l}");
+        }
+    }
+    (regenerated, mismatches)
+}
+
+fn script_paths() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/scripts exists")
+        .map(|e| e.expect("readable dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+#[test]
+fn scripts() {
+    let update = std::env::var_os("UPDATE_SCRIPTS").is_some();
+    let paths = script_paths();
+    assert!(paths.len() >= 9, "expected the script files, found {}", paths.len());
+    let mut failures = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).expect("readable script");
+        let (regenerated, mismatches) = run_script(&path, &text);
+        if update {
+            if regenerated != text {
+                std::fs::write(&path, regenerated).expect("writable script");
+            }
+        } else {
+            failures.extend(mismatches);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} script command(s) differ (UPDATE_SCRIPTS=1 rewrites them):\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}

@@ -1,0 +1,15 @@
+//! Wharf's protobuf API (`proto/wharf/v1`), generated at build time.
+//!
+//! `v1` is the public API every client speaks; `raft` is the peer transport
+//! that only nodes speak. Neither holds logic: conversions to domain types live
+//! next to the code that owns those types.
+
+#![allow(clippy::all)]
+
+pub mod v1 {
+    tonic::include_proto!("wharf.v1");
+
+    pub mod raft {
+        tonic::include_proto!("wharf.v1.raft");
+    }
+}

@@ -1,0 +1,210 @@
+//! [`Group`]: the handle of one running Raft group on this node.
+//!
+//! A cheap clone around the openraft handle, the group's state machine and a
+//! watch channel of [`GroupStatus`] that a background task keeps in step with
+//! openraft's metrics. It translates openraft's errors into [`RaftError`].
+//!
+//! Invariants:
+//! - `status()` never blocks and never fails; after the group stops (or hits a
+//!   fatal error) it reports `Role::Shutdown`.
+//! - `write` resolves only after the command is committed *and* applied here.
+//!
+//! Not here: forwarding to the leader (the server does it on `NotLeader`) and
+//! deadlines on `write` (wrap it in `tokio::time::timeout`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::ClientWriteError;
+use openraft::errors::LinearizableReadError;
+use openraft::RaftMetrics;
+use openraft::ReadPolicy;
+use openraft::ServerState;
+use tokio::sync::watch;
+
+use crate::types::Cmd;
+use crate::types::TypeConfig;
+use crate::types::WharfRaft;
+use crate::GroupId;
+use crate::GroupStatus;
+use crate::NodeId;
+use crate::RaftError;
+use crate::Role;
+use crate::SharedStateMachine;
+
+/// Handle of one running Raft group.
+#[derive(Clone)]
+pub struct Group {
+    inner: Arc<GroupInner>,
+}
+
+struct GroupInner {
+    id: GroupId,
+    raft: WharfRaft,
+    sm: SharedStateMachine,
+    status: watch::Receiver<GroupStatus>,
+    read_timeout: Duration,
+}
+
+fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
+    let role = if m.running_state.is_err() {
+        Role::Shutdown
+    } else {
+        match m.state {
+            ServerState::Leader => Role::Leader,
+            ServerState::Follower => Role::Follower,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Shutdown,
+        }
+    };
+    GroupStatus {
+        group_id,
+        role,
+        leader: m.current_leader,
+        term: m.current_term,
+        last_log_index: m.last_log_index.unwrap_or(0),
+        committed: m.committed.as_ref().map(|l| l.index).unwrap_or(0),
+        last_applied: m.last_applied.as_ref().map(|l| l.index).unwrap_or(0),
+        voters: m.membership_config.membership().voter_ids().collect(),
+    }
+}
+
+fn fatal<E: std::fmt::Display>(e: E) -> RaftError {
+    RaftError::Stopped(e.to_string())
+}
+
+impl Group {
+    pub(crate) fn new(id: GroupId, raft: WharfRaft, sm: SharedStateMachine, read_timeout: Duration) -> Self {
+        let mut metrics = raft.metrics();
+        let initial = status_from(id, &metrics.borrow_watched());
+        let (tx, rx) = watch::channel(initial);
+        // Mirrors openraft's metrics until the Raft core is gone. Holds no Raft
+        // handle, so it never keeps a stopped group alive.
+        tokio::spawn(async move {
+            loop {
+                if metrics.changed().await.is_err() {
+                    tx.send_modify(|s| s.role = Role::Shutdown);
+                    break;
+                }
+                let status = status_from(id, &metrics.borrow_watched());
+                if tx.send(status).is_err() {
+                    break;
+                }
+            }
+        });
+        Group {
+            inner: Arc::new(GroupInner {
+                id,
+                raft,
+                sm,
+                status: rx,
+                read_timeout,
+            }),
+        }
+    }
+
+    pub(crate) fn raft(&self) -> &WharfRaft {
+        &self.inner.raft
+    }
+
+    /// Stops the Raft core of this group and waits for its tasks.
+    pub(crate) async fn shutdown(&self) -> Result<(), RaftError> {
+        self.inner.raft.shutdown().await.map_err(fatal)
+    }
+
+    /// The group id.
+    pub fn id(&self) -> GroupId {
+        self.inner.id
+    }
+
+    /// Propose a command; resolves with the state machine's response once
+    /// committed and applied. Not leader -> `RaftError::NotLeader`.
+    pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>, RaftError> {
+        match self.inner.raft.client_write(Cmd(Bytes::from(command))).await {
+            Ok(resp) => Ok(Vec::from(resp.data.0)),
+            Err(openraft::errors::RaftError::APIError(e)) => Err(match e {
+                ClientWriteError::ForwardToLeader(f) => RaftError::NotLeader { leader: f.leader_id },
+                // Outcome unknown: the server must treat it like NotLeader and
+                // rely on deduplication (see `RaftError::NotLeader`).
+                ClientWriteError::LogEntryDiscarded(f) => RaftError::NotLeader { leader: f.leader_id },
+                other => RaftError::Config(other.to_string()),
+            }),
+            Err(openraft::errors::RaftError::Fatal(f)) => Err(fatal(f)),
+        }
+    }
+
+    /// The latest status of this group on this node.
+    pub fn status(&self) -> GroupStatus {
+        self.inner.status.borrow().clone()
+    }
+
+    /// A receiver updated on every metrics change.
+    pub fn watch(&self) -> watch::Receiver<GroupStatus> {
+        self.inner.status.clone()
+    }
+
+    /// Wait until `pred(status)` holds, or `Err(RaftError::Timeout)`.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&GroupStatus) -> bool,
+    ) -> Result<GroupStatus, RaftError> {
+        let mut rx = self.watch();
+        let wait = async {
+            loop {
+                {
+                    let s = rx.borrow_and_update();
+                    if pred(&s) {
+                        return Ok(s.clone());
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    let s = rx.borrow().clone();
+                    return if pred(&s) {
+                        Ok(s)
+                    } else {
+                        Err(RaftError::Stopped(format!("group {} stopped", self.id())))
+                    };
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Err(RaftError::Timeout))
+    }
+
+    /// Linearizable read barrier: on the leader, confirms leadership with a
+    /// quorum (read index) and waits until the state machine has applied up to
+    /// that index. `NotLeader` elsewhere; `Timeout` when no quorum answers.
+    pub async fn ensure_linearizable(&self) -> Result<(), RaftError> {
+        let read = self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex);
+        match tokio::time::timeout(self.inner.read_timeout, read).await {
+            Err(_) => Err(RaftError::Timeout),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(openraft::errors::RaftError::APIError(e))) => Err(match e {
+                LinearizableReadError::ForwardToLeader(f) => RaftError::NotLeader { leader: f.leader_id },
+                LinearizableReadError::QuorumNotEnough(_) => RaftError::Timeout,
+            }),
+            Ok(Err(openraft::errors::RaftError::Fatal(f))) => Err(fatal(f)),
+        }
+    }
+
+    /// Ask the leader (this node) to hand leadership to `to`. Returns once the
+    /// request is queued; watch the status for the outcome.
+    pub async fn transfer_leader(&self, to: NodeId) -> Result<(), RaftError> {
+        let status = self.status();
+        if status.role != Role::Leader {
+            return Err(RaftError::NotLeader { leader: status.leader });
+        }
+        if !status.voters.contains(&to) {
+            return Err(RaftError::Config(format!("node {to} is not a voter of group {}", self.id())));
+        }
+        self.inner.raft.trigger().transfer_leader(to).await.map_err(fatal)
+    }
+
+    /// The group's state machine.
+    pub fn state_machine(&self) -> SharedStateMachine {
+        self.inner.sm.clone()
+    }
+}

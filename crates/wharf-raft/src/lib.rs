@@ -1,0 +1,118 @@
+//! Many Raft groups per node on openraft, one sled database, and a multiplexed
+//! gRPC peer transport.
+//!
+//! A process opens one [`RaftNode`]: it owns the node's single `sled::Db`, the
+//! group-commit flusher (one fsync covers the pending writes of every group),
+//! the pool of peer channels (one tonic channel per peer node, shared by every
+//! group) and the registry of running [`Group`]s. The server mounts
+//! [`RaftNode::transport_service`] on its gRPC port and starts groups with a
+//! [`StateMachine`] of its own.
+//!
+//! Invariants:
+//! - openraft types never appear in this crate's public API.
+//! - An append or a vote is reported durable only after sled's fsync.
+//! - A group's state machine lives in memory and is rebuilt at start from the
+//!   stored snapshot and the committed log.
+//!
+//! Left out: membership changes after creation (add learner / change
+//! membership), pipelined AppendEntries streaming, per-group supervision and
+//! re-placement after a storage error (the caller sees `Role::Shutdown`).
+
+mod error;
+mod flusher;
+mod group;
+mod log_store;
+mod network;
+mod node;
+mod sm_store;
+mod transport;
+mod types;
+
+#[cfg(test)]
+mod storage_suite_test;
+
+use std::sync::Arc;
+
+pub use error::RaftError;
+pub use group::Group;
+pub use node::RaftNode;
+
+/// Identifies a node of the cluster.
+pub type NodeId = u64;
+/// Identifies a Raft group. Group 0 is the meta group by the caller's convention.
+pub type GroupId = u64;
+
+/// A replicated state machine supplied by the server. Deterministic: the same
+/// commands in the same order must produce the same state and responses.
+pub trait StateMachine: Send + Sync + 'static {
+    /// Apply one committed normal entry; returns the response handed to the writer.
+    fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8>;
+    /// Serialize the whole state (for a snapshot).
+    fn snapshot(&self) -> Result<Vec<u8>, String>;
+    /// Replace the whole state from a snapshot.
+    fn restore(&mut self, data: &[u8]) -> Result<(), String>;
+}
+
+/// A state machine shared between its group and the server.
+pub type SharedStateMachine = Arc<std::sync::Mutex<dyn StateMachine>>;
+
+/// Timing and snapshot settings, the same for every group of a node.
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
+    /// Leader heartbeat interval; also the deadline of replication RPCs.
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomized election timeout.
+    pub election_min_ms: u64,
+    /// Upper bound of the randomized election timeout.
+    pub election_max_ms: u64,
+    /// Build a snapshot (and purge the log) every this many applied entries;
+    /// `None` never snapshots.
+    pub snapshot_every_entries: Option<u64>,
+}
+
+impl Default for RaftSettings {
+    fn default() -> Self {
+        RaftSettings {
+            heartbeat_ms: 200,
+            election_min_ms: 800,
+            election_max_ms: 1600,
+            snapshot_every_entries: None,
+        }
+    }
+}
+
+/// The role of this node in a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Accepts writes.
+    Leader,
+    /// Replicates from a leader.
+    Follower,
+    /// Campaigning.
+    Candidate,
+    /// Not a voter (or not initialized yet).
+    Learner,
+    /// Stopped, or failed with a fatal (storage) error.
+    Shutdown,
+}
+
+/// A snapshot of a group's Raft state, as seen by this node.
+#[derive(Clone, Debug)]
+pub struct GroupStatus {
+    /// The group.
+    pub group_id: GroupId,
+    /// This node's role.
+    pub role: Role,
+    /// The leader known to this node.
+    pub leader: Option<NodeId>,
+    /// The current term.
+    pub term: u64,
+    /// Index of the last entry in the local log (0 when empty).
+    pub last_log_index: u64,
+    /// Index of the last committed entry known here (0 when none).
+    pub committed: u64,
+    /// Index of the last entry applied to the state machine (0 when none).
+    pub last_applied: u64,
+    /// Voters of the current membership.
+    pub voters: Vec<NodeId>,
+}

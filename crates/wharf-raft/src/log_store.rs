@@ -1,0 +1,222 @@
+//! The Raft log and vote of one group, in two sled trees.
+//!
+//! Layout: `g{id}.log` maps the log index (big-endian `u64`, so byte order is
+//! index order) to the bincode `Entry`; `g{id}.meta` holds `vote`,
+//! `committed`, `last_purged` and (written by [`crate::sm_store`]) `snapshot`.
+//!
+//! Invariants:
+//! - `append` applies one atomic `sled::Batch`, so its entries are readable by
+//!   every reader as soon as it returns; the flush callback goes to the node's
+//!   group-commit [`Flusher`] and fires only after fsync.
+//! - `save_vote` returns only after a flush that covers the vote.
+//! - `truncate_after` and `purge` are single atomic batches and leave no hole.
+//!   They need no flush of their own: sled recovers a prefix of its writes, and
+//!   the next flushed append or vote covers them. `purge` records
+//!   `last_purged` before it deletes.
+//! - `committed` is written without a flush (it is a hint for replay at
+//!   startup and may lag after a crash; see `enable_leader_restore` in
+//!   [`crate::node`]).
+//!
+//! Not here: the state machine and snapshots ([`crate::sm_store`]).
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::Bound;
+use std::ops::RangeBounds;
+
+use openraft::storage::IOFlushed;
+use openraft::storage::RaftLogStorage;
+use openraft::LogState;
+use openraft::OptionalSend;
+use openraft::RaftLogReader;
+
+use crate::flusher::Flusher;
+use crate::types::decode;
+use crate::types::encode;
+use crate::types::io_err;
+use crate::types::Entry;
+use crate::types::LogId;
+use crate::types::TypeConfig;
+use crate::types::Vote;
+use crate::GroupId;
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// Names of the trees of a group.
+pub(crate) fn tree_names(group_id: GroupId) -> (String, String) {
+    (format!("g{group_id}.log"), format!("g{group_id}.meta"))
+}
+
+/// Log storage of one group; clones share the same trees (and serve as readers).
+#[derive(Clone)]
+pub(crate) struct LogStore {
+    log: sled::Tree,
+    meta: sled::Tree,
+    flusher: Flusher,
+}
+
+impl LogStore {
+    /// Opens (or creates) the trees of `group_id` in `db`.
+    pub(crate) fn open(db: &sled::Db, group_id: GroupId, flusher: Flusher) -> sled::Result<(Self, sled::Tree)> {
+        let (log_name, meta_name) = tree_names(group_id);
+        let log = db.open_tree(log_name)?;
+        let meta = db.open_tree(meta_name)?;
+        Ok((
+            LogStore {
+                log,
+                meta: meta.clone(),
+                flusher,
+            },
+            meta,
+        ))
+    }
+
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
+        match self.meta.get(key).map_err(io_err)? {
+            Some(v) => decode(&v).map(Some).map_err(io_err),
+            None => Ok(None),
+        }
+    }
+
+    fn write_meta<T: serde::Serialize>(&self, key: &[u8], v: &T) -> io::Result<()> {
+        let bytes = encode(v).map_err(io_err)?;
+        self.meta.insert(key, bytes).map_err(io_err)?;
+        Ok(())
+    }
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+/// Converts an index range into `[lo, hi)`; `hi = None` means unbounded.
+fn index_bounds<RB: RangeBounds<u64>>(range: &RB) -> (u64, Option<u64>) {
+    let lo = match range.start_bound() {
+        Bound::Included(&x) => x,
+        Bound::Excluded(&x) => x.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let hi = match range.end_bound() {
+        Bound::Included(&x) => x.checked_add(1),
+        Bound::Excluded(&x) => Some(x),
+        Bound::Unbounded => None,
+    };
+    (lo, hi)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let (lo, hi) = index_bounds(&range);
+        if let Some(hi) = hi {
+            if lo >= hi {
+                return Ok(Vec::new());
+            }
+        }
+        let iter = match hi {
+            Some(hi) => self.log.range(index_key(lo)..index_key(hi)),
+            None => self.log.range(index_key(lo)..),
+        };
+        let mut out = Vec::new();
+        for kv in iter {
+            let (_, v) = kv.map_err(io_err)?;
+            out.push(decode::<Entry>(&v).map_err(io_err)?);
+        }
+        Ok(out)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.read_meta(KEY_VOTE)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged_log_id: Option<LogId> = self.read_meta(KEY_LAST_PURGED)?;
+        let last_log_id = match self.log.last().map_err(io_err)? {
+            Some((_, v)) => Some(decode::<Entry>(&v).map_err(io_err)?.log_id),
+            None => last_purged_log_id.clone(),
+        };
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        self.write_meta(KEY_VOTE, vote)?;
+        self.flusher.flush().await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        self.write_meta(KEY_COMMITTED, &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.read_meta::<Option<LogId>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let bytes = encode(&entry).map_err(io_err)?;
+            batch.insert(&index_key(entry.log_id.index), bytes);
+        }
+        self.log.apply_batch(batch).map_err(io_err)?;
+        self.flusher.submit_log(callback).await
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = match &last_log_id {
+            Some(l) => match l.index.checked_add(1) {
+                Some(x) => x,
+                None => return Ok(()),
+            },
+            None => 0,
+        };
+        let mut batch = sled::Batch::default();
+        for kv in self.log.range(index_key(from)..) {
+            let (k, _) = kv.map_err(io_err)?;
+            batch.remove(k);
+        }
+        self.log.apply_batch(batch).map_err(io_err)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        self.write_meta(KEY_LAST_PURGED, &log_id)?;
+        let mut batch = sled::Batch::default();
+        for kv in self.log.range(..=index_key(log_id.index)) {
+            let (k, _) = kv.map_err(io_err)?;
+            batch.remove(k);
+        }
+        self.log.apply_batch(batch).map_err(io_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::index_bounds;
+
+    #[test]
+    fn index_bounds_cover_every_bound_kind() {
+        assert_eq!(index_bounds(&(3..7)), (3, Some(7)));
+        assert_eq!(index_bounds(&(3..=7)), (3, Some(8)));
+        assert_eq!(index_bounds(&(..)), (0, None));
+        assert_eq!(index_bounds(&(5..)), (5, None));
+        assert_eq!(index_bounds(&(..=u64::MAX)), (0, None));
+    }
+}

@@ -1,0 +1,203 @@
+//! Adapts the server's [`StateMachine`](crate::StateMachine) to openraft, and
+//! keeps the group's latest snapshot in its `g{id}.meta` tree.
+//!
+//! The state machine lives in memory only. After a restart openraft rebuilds
+//! it: first from the stored snapshot (it calls `install_snapshot` with what
+//! `get_current_snapshot` returns), then by re-applying the log up to the
+//! persisted `committed` index. So the caller must hand a *fresh* state
+//! machine to `start_group`.
+//!
+//! Invariants:
+//! - `last_applied` and the membership advance together with `apply`, which
+//!   runs on openraft's state machine worker (never concurrently with itself).
+//! - A snapshot is serialized in `try_create_snapshot_builder`, i.e. on the
+//!   worker, so its data matches its `last_log_id` exactly; the builder then
+//!   stores it (and waits for a flush) in a separate task.
+//! - The stored snapshot never goes backwards: a write is skipped when a newer
+//!   one is already stored.
+//!
+//! Not here: when to snapshot (openraft's `snapshot_policy`), log purging.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use futures::Stream;
+use futures::TryStreamExt;
+use openraft::storage::EntryResponder;
+use openraft::storage::RaftStateMachine;
+use openraft::EntryPayload;
+use openraft::OptionalSend;
+use openraft::RaftSnapshotBuilder;
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::flusher::Flusher;
+use crate::types::decode;
+use crate::types::encode;
+use crate::types::io_err;
+use crate::types::CmdResponse;
+use crate::types::LogId;
+use crate::types::Snapshot;
+use crate::types::SnapshotMeta;
+use crate::types::StoredMembership;
+use crate::types::TypeConfig;
+use crate::SharedStateMachine;
+
+const KEY_SNAPSHOT: &[u8] = b"snapshot";
+
+/// What is stored under `snapshot` in the meta tree.
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+/// Writes snapshots to the meta tree, never replacing a newer one.
+#[derive(Clone)]
+struct SnapshotStore {
+    meta_tree: sled::Tree,
+    flusher: Flusher,
+    /// `last_log_id` of the stored snapshot; the lock orders concurrent writers.
+    stored: Arc<Mutex<Option<LogId>>>,
+}
+
+impl SnapshotStore {
+    async fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
+        {
+            let mut stored = self.stored.lock().map_err(|_| io_err("snapshot lock poisoned"))?;
+            // Equal means the same snapshot (e.g. re-installed at startup).
+            if stored.is_some() && *stored >= meta.last_log_id {
+                return Ok(());
+            }
+            let bytes = encode(&StoredSnapshot {
+                meta: meta.clone(),
+                data: data.to_vec(),
+            })
+            .map_err(io_err)?;
+            self.meta_tree.insert(KEY_SNAPSHOT, bytes).map_err(io_err)?;
+            *stored = meta.last_log_id.clone();
+        }
+        self.flusher.flush().await
+    }
+
+    fn load(&self) -> io::Result<Option<StoredSnapshot>> {
+        match self.meta_tree.get(KEY_SNAPSHOT).map_err(io_err)? {
+            Some(v) => decode(&v).map(Some).map_err(io_err),
+            None => Ok(None),
+        }
+    }
+}
+
+/// openraft's view of a group's state machine.
+pub(crate) struct SmStore {
+    sm: SharedStateMachine,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    snapshots: SnapshotStore,
+}
+
+impl SmStore {
+    /// `sm` must be fresh (empty); see the module docs.
+    pub(crate) fn new(sm: SharedStateMachine, meta_tree: sled::Tree, flusher: Flusher) -> io::Result<Self> {
+        let snapshots = SnapshotStore {
+            meta_tree,
+            flusher,
+            stored: Arc::new(Mutex::new(None)),
+        };
+        let stored = snapshots.load()?.and_then(|s| s.meta.last_log_id);
+        *snapshots.stored.lock().map_err(|_| io_err("snapshot lock poisoned"))? = stored;
+        Ok(SmStore {
+            sm,
+            last_applied: None,
+            membership: StoredMembership::default(),
+            snapshots,
+        })
+    }
+
+    fn apply_command(&self, index: u64, command: &[u8]) -> io::Result<Vec<u8>> {
+        let mut sm = self.sm.lock().map_err(|_| io_err("state machine lock poisoned"))?;
+        Ok(sm.apply(index, command))
+    }
+}
+
+/// Stores a snapshot that was serialized on the state machine worker.
+pub(crate) struct SnapshotBuilder {
+    meta: SnapshotMeta,
+    data: Result<Vec<u8>, String>,
+    snapshots: SnapshotStore,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let data = self.data.clone().map_err(|e| io_err(format!("state machine snapshot: {e}")))?;
+        self.snapshots.save(&self.meta, &data).await?;
+        Ok(Snapshot {
+            meta: self.meta.clone(),
+            snapshot: data,
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for SmStore {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        Ok((self.last_applied.clone(), self.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend {
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let response = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(cmd) => self.apply_command(entry.log_id.index, &cmd.0)?,
+                EntryPayload::Membership(m) => {
+                    self.membership = StoredMembership::new(Some(entry.log_id.clone()), m);
+                    Vec::new()
+                }
+            };
+            self.last_applied = Some(entry.log_id);
+            if let Some(r) = responder {
+                r.send(CmdResponse(Bytes::from(response)));
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        let data = match self.sm.lock() {
+            Ok(sm) => sm.snapshot(),
+            Err(_) => Err("state machine lock poisoned".to_string()),
+        };
+        SnapshotBuilder {
+            meta: SnapshotMeta {
+                last_log_id: self.last_applied.clone(),
+                last_membership: self.membership.clone(),
+            },
+            data,
+            snapshots: self.snapshots.clone(),
+        }
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
+        {
+            let mut sm = self.sm.lock().map_err(|_| io_err("state machine lock poisoned"))?;
+            sm.restore(&snapshot).map_err(|e| io_err(format!("state machine restore: {e}")))?;
+        }
+        self.last_applied = meta.last_log_id.clone();
+        self.membership = meta.last_membership.clone();
+        self.snapshots.save(meta, &snapshot).await
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        Ok(self.snapshots.load()?.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: s.data,
+        }))
+    }
+}

@@ -1,0 +1,494 @@
+//! The consumer leader's runtime: worker sessions, waiting pulls, dispatch, acks.
+//!
+//! One task per consumer replica. It idles unless its node leads the
+//! consumer's group. As leader it keeps the worker sessions attached to this
+//! node, asks `wharf_core::dispatch::Dispatcher` for a round-robin plan over the
+//! waiting pulls, proposes the plan as one `Deliver` entry, and only after that
+//! entry is applied sends each message to its worker. Acks from every session
+//! are batched into one `Ack` entry at a time.
+//!
+//! Invariants:
+//! - A worker never receives a message whose delivery is not committed.
+//! - A pull's final status (done, expired) is sent after its last message.
+//! - Losing leadership closes every session with UNAVAILABLE; clients reconnect
+//!   through any node and are forwarded to the new leader, which rebuilds its
+//!   view from the replicated state.
+//! - Everything is bounded: pull batch, planned batch, in-flight proposals,
+//!   session outboxes (a full outbox drops the message; it stays pending and is
+//!   redelivered after AckWait).
+//!
+//! Left out: redelivery on disconnect, priority groups, MaxDeliver (issue 3).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+use wharf_core::consumer::ConsumerConfig;
+use wharf_core::dispatch::{Assignment, Dispatcher, PullEnd, SessionId};
+use wharf_proto::v1 as pb;
+use wharf_raft::{Group, RaftError, Role};
+
+use crate::consumer_sm::{ConsumerCommand, ConsumerMachine, ConsumerResponse};
+use crate::error::ServerError;
+use crate::stream_sm::{read_message, StreamMachine};
+use crate::util::now_ms;
+
+/// Largest batch one pull may ask for.
+pub const MAX_PULL_BATCH: u32 = 10_000;
+/// Messages planned into one Deliver entry.
+const MAX_DELIVER_BATCH: usize = 512;
+/// Deliver entries in flight at once.
+const MAX_DELIVER_INFLIGHT: usize = 2;
+/// Acks batched into one Ack entry.
+const MAX_ACK_BATCH: usize = 4096;
+/// Events queued towards the runtime.
+const EVENT_QUEUE: usize = 4096;
+/// Responses queued towards one session.
+pub const SESSION_OUTBOX: usize = 4096;
+
+pub type Outbox = mpsc::Sender<Result<pb::ConsumeResponse, Status>>;
+
+pub enum Event {
+    Open { session: SessionId, out: Outbox },
+    Pull { session: SessionId, pull: pb::PullRequest },
+    Ack { session: SessionId, stream_seq: u64, reply_id: u64 },
+    Close { session: SessionId },
+}
+
+/// Handle to a consumer's runtime task.
+#[derive(Clone)]
+pub struct ConsumerRuntime {
+    tx: mpsc::Sender<Event>,
+    /// Pulls waiting on this node, for consumer info.
+    pub num_waiting: Arc<AtomicU64>,
+}
+
+impl ConsumerRuntime {
+    pub fn spawn(ctx: RuntimeContext) -> Self {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let num_waiting = Arc::new(AtomicU64::new(0));
+        tokio::spawn(Runner::new(ctx, num_waiting.clone()).run(rx));
+        ConsumerRuntime { tx, num_waiting }
+    }
+
+    pub async fn send(&self, event: Event) -> Result<(), ServerError> {
+        self.tx
+            .send(event)
+            .await
+            .map_err(|_| ServerError::Unavailable("consumer is shutting down".into()))
+    }
+}
+
+pub struct RuntimeContext {
+    pub stream: String,
+    pub name: String,
+    pub group: Group,
+    pub consumer: Arc<Mutex<ConsumerMachine>>,
+    pub consumer_changes: watch::Receiver<u64>,
+    pub stream_sm: Arc<Mutex<StreamMachine>>,
+    pub stream_tree: sled::Tree,
+    pub stream_last_seq: watch::Receiver<u64>,
+    /// The configuration the catalog holds; the leader brings the group's copy in line.
+    pub desired_config: watch::Receiver<ConsumerConfig>,
+}
+
+enum WriteDone {
+    Deliver { assignments: Vec<Assignment>, result: Result<Vec<u8>, RaftError> },
+    Ack { acks: Vec<(SessionId, u64, u64)>, result: Result<Vec<u8>, RaftError> },
+    Config { result: Result<Vec<u8>, RaftError> },
+}
+
+type PullKey = (SessionId, u64);
+
+struct Runner {
+    ctx: RuntimeContext,
+    num_waiting: Arc<AtomicU64>,
+    leader: bool,
+    dispatcher: Dispatcher,
+    sessions: HashMap<SessionId, Outbox>,
+    /// Pulls that asked not to wait: they end as NO_MESSAGES when empty.
+    no_wait: HashSet<PullKey>,
+    /// Messages proposed for a pull and not yet sent.
+    pull_inflight: HashMap<PullKey, usize>,
+    /// Final statuses held back until the pull's messages are out.
+    pull_end: HashMap<PullKey, (pb::pull_status::Code, u32)>,
+    acks: Vec<(SessionId, u64, u64)>,
+    deliver_inflight: usize,
+    ack_inflight: bool,
+    config_inflight: bool,
+    writes: FuturesUnordered<BoxFuture<'static, WriteDone>>,
+}
+
+impl Runner {
+    fn new(ctx: RuntimeContext, num_waiting: Arc<AtomicU64>) -> Self {
+        Runner {
+            ctx,
+            num_waiting,
+            leader: false,
+            dispatcher: Dispatcher::new(),
+            sessions: HashMap::new(),
+            no_wait: HashSet::new(),
+            pull_inflight: HashMap::new(),
+            pull_end: HashMap::new(),
+            acks: Vec::new(),
+            deliver_inflight: 0,
+            ack_inflight: false,
+            config_inflight: false,
+            writes: FuturesUnordered::new(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Event>) {
+        let mut status = self.ctx.group.watch();
+        let mut stream_seq = self.ctx.stream_last_seq.clone();
+        let mut changes = self.ctx.consumer_changes.clone();
+        let mut desired = self.ctx.desired_config.clone();
+        loop {
+            let is_leader = status.borrow_and_update().role == Role::Leader;
+            if is_leader != self.leader {
+                self.leader = is_leader;
+                self.reset("leadership changed");
+            }
+            if self.leader {
+                self.sync_config();
+                self.dispatch();
+                self.flush_acks();
+            }
+            self.num_waiting.store(self.dispatcher.num_waiting() as u64, Ordering::Relaxed);
+            let wake = self.next_wake();
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(ev) => self.on_event(ev),
+                    None => break,
+                },
+                Some(done) = self.writes.next(), if !self.writes.is_empty() => self.on_write_done(done),
+                r = status.changed() => if r.is_err() { break },
+                _ = stream_seq.changed() => {}
+                _ = changes.changed() => {}
+                _ = desired.changed() => {}
+                _ = tokio::time::sleep(wake) => self.expire_pulls(),
+            }
+        }
+        self.reset("consumer stopped");
+    }
+
+    /// Drop all sessions and leader memory; clients reconnect and re-pull.
+    fn reset(&mut self, why: &str) {
+        for (_, out) in self.sessions.drain() {
+            let _ = out.try_send(Err(Status::unavailable(format!(
+                "consumer {}/{}: {why}; reconnect",
+                self.ctx.stream, self.ctx.name
+            ))));
+        }
+        self.dispatcher.reset();
+        self.no_wait.clear();
+        self.pull_inflight.clear();
+        self.pull_end.clear();
+        self.acks.clear();
+    }
+
+    fn next_wake(&self) -> Duration {
+        let now = now_ms();
+        let mut at = self.dispatcher.next_expiry_ms();
+        if self.leader && self.dispatcher.num_waiting() > 0 {
+            let redeliver = self.ctx.consumer.lock().map(|c| c.state().next_redelivery_ms());
+            if let Ok(Some(r)) = redeliver {
+                at = Some(at.map_or(r, |a| a.min(r)));
+            }
+        }
+        match at {
+            // Never spin: a deadline already passed is retried shortly.
+            Some(at) => Duration::from_millis((at - now).clamp(5, 60_000) as u64),
+            None => Duration::from_secs(60),
+        }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Open { session, out } => {
+                if !self.leader {
+                    let _ = out.try_send(Err(Status::unavailable("not the consumer leader")));
+                    return;
+                }
+                self.sessions.insert(session, out);
+            }
+            Event::Pull { session, pull } => self.on_pull(session, pull),
+            Event::Ack { session, stream_seq, reply_id } => {
+                if self.leader && self.acks.len() < MAX_ACK_BATCH * 16 {
+                    self.acks.push((session, stream_seq, reply_id));
+                } else if reply_id != 0 {
+                    self.reply_ack(session, reply_id, "ack not accepted: retry".into());
+                }
+            }
+            Event::Close { session } => {
+                self.sessions.remove(&session);
+                self.dispatcher.remove_session(session);
+                self.no_wait.retain(|(s, _)| *s != session);
+                self.pull_end.retain(|(s, _), _| *s != session);
+            }
+        }
+    }
+
+    fn on_pull(&mut self, session: SessionId, pull: pb::PullRequest) {
+        if !self.sessions.contains_key(&session) {
+            return;
+        }
+        if pull.batch == 0 || pull.batch > MAX_PULL_BATCH {
+            self.fail_session(
+                session,
+                Status::invalid_argument(format!(
+                    "pull batch must be between 1 and {MAX_PULL_BATCH}, got {}",
+                    pull.batch
+                )),
+            );
+            return;
+        }
+        let now = now_ms();
+        let expires = if pull.no_wait {
+            Some(now)
+        } else if pull.expires_ms > 0 {
+            Some(now.saturating_add(pull.expires_ms.min(i64::MAX as u64) as i64))
+        } else {
+            None
+        };
+        let max_waiting = self.ctx.consumer.lock().map(|c| c.state().config().max_waiting);
+        let max_waiting = max_waiting.unwrap_or(wharf_core::consumer::DEFAULT_MAX_WAITING);
+        match self.dispatcher.add_pull(session, pull.id, pull.batch, expires, max_waiting) {
+            Ok(()) => {
+                if pull.no_wait {
+                    self.no_wait.insert((session, pull.id));
+                }
+            }
+            Err(e) => self.send_status(
+                session,
+                pull.id,
+                pb::pull_status::Code::TooManyWaiting,
+                0,
+                e.to_string(),
+            ),
+        }
+    }
+
+    fn fail_session(&mut self, session: SessionId, status: Status) {
+        if let Some(out) = self.sessions.remove(&session) {
+            let _ = out.try_send(Err(status));
+        }
+        self.dispatcher.remove_session(session);
+    }
+
+    fn send(&self, session: SessionId, kind: pb::consume_response::Kind) {
+        if let Some(out) = self.sessions.get(&session) {
+            // A full outbox means a stuck worker: the message stays pending
+            // and AckWait hands it to someone else.
+            let _ = out.try_send(Ok(pb::ConsumeResponse { kind: Some(kind) }));
+        }
+    }
+
+    fn send_status(
+        &self,
+        session: SessionId,
+        pull_id: u64,
+        code: pb::pull_status::Code,
+        delivered: u32,
+        text: String,
+    ) {
+        let status = pb::PullStatus { pull_id, code: code as i32, text, delivered };
+        self.send(session, pb::consume_response::Kind::Status(status));
+    }
+
+    fn reply_ack(&self, session: SessionId, reply_id: u64, error: String) {
+        self.send(session, pb::consume_response::Kind::AckReply(pb::AckReply { reply_id, error }));
+    }
+
+    /// Record that a pull ended; its status goes out once its messages have.
+    fn end_pull(&mut self, key: PullKey, code: pb::pull_status::Code, delivered: u32) {
+        self.no_wait.remove(&key);
+        if self.pull_inflight.get(&key).copied().unwrap_or(0) > 0 {
+            self.pull_end.insert(key, (code, delivered));
+        } else {
+            let text = match code {
+                pb::pull_status::Code::Done => "batch complete",
+                pb::pull_status::Code::NoMessages => "no messages",
+                _ => "request expired",
+            };
+            self.send_status(key.0, key.1, code, delivered, text.into());
+        }
+    }
+
+    fn expire_pulls(&mut self) {
+        for f in self.dispatcher.expire(now_ms()) {
+            let key = (f.session, f.pull_id);
+            let code = if self.no_wait.contains(&key) && f.delivered == 0 {
+                pb::pull_status::Code::NoMessages
+            } else {
+                pb::pull_status::Code::Expired
+            };
+            self.end_pull(key, code, f.delivered);
+        }
+    }
+
+    fn sync_config(&mut self) {
+        if self.config_inflight {
+            return;
+        }
+        let desired = self.ctx.desired_config.borrow().clone();
+        let current = self.ctx.consumer.lock().map(|c| c.state().config().clone());
+        if current.ok().as_ref() == Some(&desired) {
+            return;
+        }
+        let Ok(cmd) = bincode::serialize(&ConsumerCommand::UpdateConfig { config: desired }) else {
+            return;
+        };
+        self.config_inflight = true;
+        let group = self.ctx.group.clone();
+        self.writes.push(
+            async move { WriteDone::Config { result: group.write(cmd).await } }.boxed(),
+        );
+    }
+
+    fn dispatch(&mut self) {
+        while self.deliver_inflight < MAX_DELIVER_INFLIGHT && self.dispatcher.num_waiting() > 0 {
+            let now = now_ms();
+            let plan = {
+                let (Ok(consumer), Ok(stream)) =
+                    (self.ctx.consumer.lock(), self.ctx.stream_sm.lock())
+                else {
+                    return;
+                };
+                self.dispatcher.plan(consumer.state(), stream.state(), now, MAX_DELIVER_BATCH)
+            };
+            if plan.assignments.is_empty() && plan.gone.is_empty() {
+                return;
+            }
+            for a in &plan.assignments {
+                *self.pull_inflight.entry((a.session, a.pull_id)).or_default() += 1;
+            }
+            for f in plan.finished {
+                let code = match f.end {
+                    PullEnd::Done => pb::pull_status::Code::Done,
+                    PullEnd::Expired => pb::pull_status::Code::Expired,
+                };
+                self.end_pull((f.session, f.pull_id), code, f.delivered);
+            }
+            let cmd = ConsumerCommand::Deliver {
+                now_ms: now,
+                stream_seqs: plan.assignments.iter().map(|a| a.stream_seq).collect(),
+                gone: plan.gone,
+            };
+            let Ok(cmd) = bincode::serialize(&cmd) else { return };
+            let group = self.ctx.group.clone();
+            let assignments = plan.assignments;
+            self.deliver_inflight += 1;
+            self.writes.push(
+                async move {
+                    let result = group.write(cmd).await;
+                    WriteDone::Deliver { assignments, result }
+                }
+                .boxed(),
+            );
+        }
+    }
+
+    fn flush_acks(&mut self) {
+        if self.ack_inflight || self.acks.is_empty() {
+            return;
+        }
+        let take = self.acks.len().min(MAX_ACK_BATCH);
+        let acks: Vec<_> = self.acks.drain(..take).collect();
+        let cmd = ConsumerCommand::Ack { stream_seqs: acks.iter().map(|a| a.1).collect() };
+        let Ok(cmd) = bincode::serialize(&cmd) else { return };
+        let group = self.ctx.group.clone();
+        self.ack_inflight = true;
+        self.writes.push(
+            async move {
+                let result = group.write(cmd).await;
+                WriteDone::Ack { acks, result }
+            }
+            .boxed(),
+        );
+    }
+
+    fn on_write_done(&mut self, done: WriteDone) {
+        match done {
+            WriteDone::Deliver { assignments, result } => {
+                self.deliver_inflight -= 1;
+                let seqs: Vec<u64> = assignments.iter().map(|a| a.stream_seq).collect();
+                self.dispatcher.settle(&seqs);
+                match result.map(|b| bincode::deserialize::<ConsumerResponse>(&b)) {
+                    Ok(Ok(resp)) => self.deliver(assignments, resp),
+                    Ok(Err(e)) => tracing::error!("undecodable deliver response: {e}"),
+                    Err(e) => {
+                        tracing::warn!(consumer = %self.ctx.name, "deliver not committed: {e}");
+                        self.reset("delivery could not be committed");
+                    }
+                }
+            }
+            WriteDone::Ack { acks, result } => {
+                self.ack_inflight = false;
+                let error = match result {
+                    Ok(_) => String::new(),
+                    Err(e) => format!("ack not committed: {e}; retry"),
+                };
+                for (session, _, reply_id) in acks {
+                    if reply_id != 0 {
+                        self.reply_ack(session, reply_id, error.clone());
+                    }
+                }
+            }
+            WriteDone::Config { result } => {
+                self.config_inflight = false;
+                if let Err(e) = result {
+                    tracing::warn!(consumer = %self.ctx.name, "config update not committed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Send committed deliveries to their workers, then any final statuses.
+    fn deliver(&mut self, assignments: Vec<Assignment>, resp: ConsumerResponse) {
+        let by_seq: HashMap<u64, &Assignment> =
+            assignments.iter().map(|a| (a.stream_seq, a)).collect();
+        for d in resp.deliveries() {
+            let Some(a) = by_seq.get(&d.stream_seq) else { continue };
+            let msg = match read_message(&self.ctx.stream_tree, d.stream_seq) {
+                Ok(Some(m)) => m,
+                // Removed by limits since planning: it stays pending and is
+                // dropped on its next redelivery attempt.
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::error!("read message {}: {e}", d.stream_seq);
+                    continue;
+                }
+            };
+            let message = pb::Message {
+                subject: msg.subject,
+                payload: msg.payload,
+                stream_seq: d.stream_seq,
+                consumer_seq: d.consumer_seq,
+                delivered: d.deliveries,
+                pull_id: a.pull_id,
+                published_ms: msg.published_ms,
+            };
+            self.send(a.session, pb::consume_response::Kind::Message(message));
+        }
+        for a in &assignments {
+            let key = (a.session, a.pull_id);
+            let left = self.pull_inflight.get_mut(&key).map(|n| {
+                *n -= 1;
+                *n
+            });
+            if left == Some(0) {
+                self.pull_inflight.remove(&key);
+                if let Some((code, delivered)) = self.pull_end.remove(&key) {
+                    self.end_pull(key, code, delivered);
+                }
+            }
+        }
+    }
+}

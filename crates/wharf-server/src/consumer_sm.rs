@@ -1,0 +1,103 @@
+//! A consumer group's state machine: the one shared position of a durable consumer.
+//!
+//! Wraps `wharf_core::consumer::ConsumerState`. Only the leader proposes
+//! commands: `Deliver` (a batch of messages it has chosen for waiting pulls,
+//! stamped with its clock), `Ack` (a batch of acks from any workers) and
+//! `UpdateConfig`. A message is sent to a worker only after its `Deliver`
+//! entry is applied, so a new leader never forgets what was handed out.
+//!
+//! Invariants: the state is a pure function of the applied commands; apply
+//! never fails, it skips what no longer applies (an ack of an acked message).
+//! Left out: waiting pulls and sessions, which are leader memory (see `dispatch`).
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use wharf_core::consumer::{ConsumerConfig, ConsumerState, Delivery};
+use wharf_raft::StateMachine;
+
+use crate::error::ServerError;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ConsumerCommand {
+    Deliver { now_ms: i64, stream_seqs: Vec<u64>, gone: Vec<u64> },
+    Ack { stream_seqs: Vec<u64> },
+    UpdateConfig { config: ConsumerConfig },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ConsumerResponse {
+    Delivered(Vec<(u64, u64, u64)>),
+    Acked(usize),
+    Updated,
+    Failed(ServerError),
+}
+
+impl ConsumerResponse {
+    pub fn deliveries(self) -> Vec<Delivery> {
+        match self {
+            ConsumerResponse::Delivered(v) => v
+                .into_iter()
+                .map(|(stream_seq, consumer_seq, deliveries)| Delivery {
+                    stream_seq,
+                    consumer_seq,
+                    deliveries,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+pub struct ConsumerMachine {
+    state: ConsumerState,
+    /// Bumped on every apply so the leader runtime re-plans.
+    changes: watch::Sender<u64>,
+}
+
+impl ConsumerMachine {
+    pub fn new(config: ConsumerConfig) -> (Self, watch::Receiver<u64>) {
+        let (tx, rx) = watch::channel(0);
+        (ConsumerMachine { state: ConsumerState::new(config), changes: tx }, rx)
+    }
+
+    pub fn state(&self) -> &ConsumerState {
+        &self.state
+    }
+}
+
+impl StateMachine for ConsumerMachine {
+    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+        let response = match bincode::deserialize::<ConsumerCommand>(command) {
+            Ok(ConsumerCommand::Deliver { now_ms, stream_seqs, gone }) => {
+                let d = self.state.apply_deliver(&stream_seqs, &gone, now_ms);
+                ConsumerResponse::Delivered(
+                    d.into_iter().map(|d| (d.stream_seq, d.consumer_seq, d.deliveries)).collect(),
+                )
+            }
+            Ok(ConsumerCommand::Ack { stream_seqs }) => {
+                ConsumerResponse::Acked(self.state.apply_ack(&stream_seqs))
+            }
+            Ok(ConsumerCommand::UpdateConfig { config }) => {
+                match self.state.update_config(config) {
+                    Ok(()) => ConsumerResponse::Updated,
+                    Err(e) => ConsumerResponse::Failed(e.into()),
+                }
+            }
+            Err(e) => ConsumerResponse::Failed(ServerError::Internal(format!(
+                "undecodable consumer command: {e}"
+            ))),
+        };
+        self.changes.send_modify(|v| *v += 1);
+        bincode::serialize(&response).unwrap_or_default()
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>, String> {
+        bincode::serialize(&self.state).map_err(|e| e.to_string())
+    }
+
+    fn restore(&mut self, data: &[u8]) -> Result<(), String> {
+        self.state = bincode::deserialize(data).map_err(|e| e.to_string())?;
+        self.changes.send_modify(|v| *v += 1);
+        Ok(())
+    }
+}

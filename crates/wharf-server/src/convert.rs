@@ -1,0 +1,65 @@
+//! Conversions between the protobuf API and the domain types.
+//!
+//! Wire defaults (0 = "the default") are resolved here by `with_defaults`, so
+//! everything past this module sees complete configurations.
+
+use wharf_core::consumer::ConsumerConfig;
+use wharf_core::stream::StreamConfig;
+use wharf_proto::v1 as pb;
+
+use crate::error::{Result, ServerError};
+
+pub fn stream_config_from_pb(c: Option<pb::StreamConfig>) -> Result<StreamConfig> {
+    let c = c.ok_or_else(|| ServerError::Invalid("stream config is required".into()))?;
+    let replicas = u8::try_from(c.replicas)
+        .map_err(|_| ServerError::Invalid("replicas must be 1 or 3".into()))?;
+    let config = StreamConfig {
+        name: c.name,
+        subjects: c.subjects,
+        replicas,
+        max_msgs: c.max_msgs,
+        max_bytes: c.max_bytes,
+        max_age_ms: c.max_age_ms,
+        max_msg_size: c.max_msg_size,
+    }
+    .with_defaults();
+    config.validate()?;
+    Ok(config)
+}
+
+pub fn stream_config_to_pb(c: &StreamConfig) -> pb::StreamConfig {
+    pb::StreamConfig {
+        name: c.name.clone(),
+        subjects: c.subjects.clone(),
+        replicas: c.replicas as u32,
+        max_msgs: c.max_msgs,
+        max_bytes: c.max_bytes,
+        max_age_ms: c.max_age_ms,
+        max_msg_size: c.max_msg_size,
+    }
+}
+
+pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<ConsumerConfig> {
+    let c = c.ok_or_else(|| ServerError::Invalid("consumer config is required".into()))?;
+    let filter = if c.filter_subject.is_empty() { None } else { Some(c.filter_subject) };
+    let config = ConsumerConfig {
+        name: c.name,
+        filter_subject: filter,
+        ack_wait_ms: c.ack_wait_ms,
+        max_ack_pending: c.max_ack_pending,
+        max_waiting: c.max_waiting,
+    }
+    .with_defaults();
+    config.validate()?;
+    Ok(config)
+}
+
+pub fn consumer_config_to_pb(c: &ConsumerConfig) -> pb::ConsumerConfig {
+    pb::ConsumerConfig {
+        name: c.name.clone(),
+        filter_subject: c.filter_subject.clone().unwrap_or_default(),
+        ack_wait_ms: c.ack_wait_ms,
+        max_ack_pending: c.max_ack_pending,
+        max_waiting: c.max_waiting,
+    }
+}

@@ -1,0 +1,106 @@
+//! Forwarding requests to the node that can serve them.
+//!
+//! Every node accepts every call. When the group a call needs is led by
+//! another node, the call is re-sent there over one lazily connected gRPC
+//! channel per peer, marked with a hop count so a stale view of leadership
+//! can never bounce a request around forever. `retry` re-routes calls that
+//! failed because leadership was moving, for a bounded time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+use wharf_proto::v1::wharf_client::WharfClient;
+use wharf_raft::NodeId;
+
+use crate::error::{Result, ServerError};
+
+pub const HOPS_HEADER: &str = "x-wharf-hops";
+/// A request may be forwarded at most this many times.
+pub const MAX_HOPS: u32 = 2;
+/// How long a call keeps re-routing while a group elects a leader.
+pub const ROUTE_DEADLINE: Duration = Duration::from_secs(10);
+
+pub struct Peers {
+    addrs: BTreeMap<NodeId, String>,
+    clients: Mutex<HashMap<NodeId, WharfClient<Channel>>>,
+}
+
+impl Peers {
+    pub fn new(addrs: BTreeMap<NodeId, String>) -> Self {
+        Peers { addrs, clients: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn addr(&self, node: NodeId) -> Option<&String> {
+        self.addrs.get(&node)
+    }
+
+    pub fn client(&self, node: NodeId) -> Result<WharfClient<Channel>> {
+        let mut clients = self.clients.lock().map_err(|_| ServerError::Internal("poisoned".into()))?;
+        if let Some(c) = clients.get(&node) {
+            return Ok(c.clone());
+        }
+        let addr = self
+            .addrs
+            .get(&node)
+            .ok_or_else(|| ServerError::Internal(format!("no address for node {node}")))?;
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| ServerError::Internal(format!("bad peer address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect_lazy();
+        let client = WharfClient::new(channel)
+            .max_decoding_message_size(64 * 1024 * 1024)
+            .max_encoding_message_size(64 * 1024 * 1024);
+        clients.insert(node, client.clone());
+        Ok(client)
+    }
+}
+
+/// The hop count a request arrived with.
+pub fn hops<T>(req: &tonic::Request<T>) -> u32 {
+    req.metadata()
+        .get(HOPS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A request to send to a peer, one hop further than the one being served.
+pub fn onward<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
+    if hops >= MAX_HOPS {
+        return Err(ServerError::Unavailable(
+            "request forwarded too many times: leadership is moving; retry".into(),
+        ));
+    }
+    let mut req = tonic::Request::new(msg);
+    let value = (hops + 1).to_string().parse().map_err(|_| ServerError::Internal("hops".into()))?;
+    req.metadata_mut().insert(HOPS_HEADER, value);
+    Ok(req)
+}
+
+/// Run `attempt` until it succeeds, fails for good, or the deadline passes.
+/// Only "try again" failures (no leader, leader moved, peer down) are retried.
+pub async fn retry<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + ROUTE_DEADLINE;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match attempt().await {
+            Err(ServerError::Unavailable(_) | ServerError::NotLeader { .. })
+                if tokio::time::Instant::now() + backoff < deadline =>
+            {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! A Wharf server node.
+//!
+//! - `node`: startup, the local group registry, the reconciler that follows the catalog.
+//! - `meta`, `stream_sm`, `consumer_sm`: the three kinds of replicated state machine.
+//! - `stream_writer`, `consumer_runtime`: what a group's leader runs (publish
+//!   batching; sessions, dispatch and acks).
+//! - `service`, `routing`, `forward`, `status`: the gRPC front end, and forwarding
+//!   to whichever node leads the group a call needs.
+//! - `error`: the crate's one error enum and its one conversion to gRPC status.
+
+mod consumer_runtime;
+mod consumer_sm;
+mod convert;
+pub mod error;
+mod forward;
+pub mod meta;
+mod node;
+mod routing;
+mod service;
+mod status;
+mod stream_sm;
+mod stream_writer;
+mod util;
+
+pub use error::ServerError;
+pub use node::{Node, NodeConfig};
+pub use wharf_raft::RaftSettings;

@@ -1,0 +1,252 @@
+//! The meta group's state machine: the cluster catalog.
+//!
+//! Every node is a voter of the meta group (group 0). Its state says which
+//! streams and consumers exist, with what configuration, and which nodes host
+//! each one's Raft group (placement). Each node watches this catalog and starts
+//! or stops its local groups to match (see `reconcile`).
+//!
+//! Invariants:
+//! - Group ids are never reused: `next_group_id` only grows, so a stream
+//!   deleted and created again gets fresh sled trees.
+//! - A consumer is placed on exactly its stream's replicas, so its leader can
+//!   read committed messages from a local stream replica.
+//! - Placement is a pure function of the catalog (fewest hosted groups first,
+//!   then lowest node id), so every replica computes the same answer.
+//! - Every validation happens inside `apply`, so a command that raced another
+//!   one is judged against the state it actually lands on.
+//!
+//! Left out here: membership changes of the node set (nodes come from the
+//! static `--peers` list) and re-placement after a node is removed.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use wharf_core::consumer::ConsumerConfig;
+use wharf_core::stream::StreamConfig;
+use wharf_core::subject::filters_overlap;
+use wharf_raft::{GroupId, NodeId, StateMachine};
+
+use crate::error::{Result, ServerError};
+
+pub const META_GROUP: GroupId = 0;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StreamEntry {
+    pub config: StreamConfig,
+    pub group_id: GroupId,
+    pub replicas: Vec<NodeId>,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ConsumerEntry {
+    pub stream: String,
+    pub config: ConsumerConfig,
+    pub group_id: GroupId,
+    pub replicas: Vec<NodeId>,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Catalog {
+    pub nodes: BTreeMap<NodeId, String>,
+    pub streams: BTreeMap<String, StreamEntry>,
+    /// Keyed by (stream, consumer).
+    pub consumers: BTreeMap<(String, String), ConsumerEntry>,
+    pub next_group_id: GroupId,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MetaCommand {
+    AddStream { config: StreamConfig, now_ms: i64 },
+    DeleteStream { name: String },
+    AddConsumer { stream: String, config: ConsumerConfig, now_ms: i64 },
+    UpdateConsumer { stream: String, config: ConsumerConfig },
+    DeleteConsumer { stream: String, name: String },
+}
+
+/// What `apply` answers: the group id touched, or why the command was refused.
+pub type MetaResponse = std::result::Result<GroupId, ServerError>;
+
+impl Catalog {
+    pub fn new(nodes: BTreeMap<NodeId, String>) -> Self {
+        Catalog { nodes, next_group_id: 1, ..Default::default() }
+    }
+
+    /// The stream whose subjects match `subject`, if any.
+    pub fn stream_for_subject(&self, subject: &str) -> Option<&StreamEntry> {
+        self.streams.values().find(|s| s.config.matches(subject))
+    }
+
+    pub fn stream(&self, name: &str) -> Result<&StreamEntry> {
+        self.streams
+            .get(name)
+            .ok_or_else(|| ServerError::NotFound(format!("stream {name:?} not found")))
+    }
+
+    pub fn consumer(&self, stream: &str, name: &str) -> Result<&ConsumerEntry> {
+        self.stream(stream)?;
+        self.consumers
+            .get(&(stream.to_string(), name.to_string()))
+            .ok_or_else(|| {
+                ServerError::NotFound(format!("consumer {name:?} not found on stream {stream:?}"))
+            })
+    }
+
+    pub fn consumers_of<'a>(&'a self, stream: &'a str) -> impl Iterator<Item = &'a ConsumerEntry> {
+        self.consumers.values().filter(move |c| c.stream == stream)
+    }
+
+    /// Nodes with the fewest hosted groups first, ties broken by node id.
+    fn place(&self, replicas: usize) -> Result<Vec<NodeId>> {
+        if replicas > self.nodes.len() {
+            return Err(ServerError::Invalid(format!(
+                "replicas {replicas} is more than the {} nodes of the cluster",
+                self.nodes.len()
+            )));
+        }
+        let mut load: BTreeMap<NodeId, usize> = self.nodes.keys().map(|n| (*n, 0)).collect();
+        for s in self.streams.values() {
+            for n in &s.replicas {
+                *load.entry(*n).or_default() += 1;
+            }
+        }
+        let mut nodes: Vec<(usize, NodeId)> = load.into_iter().map(|(n, l)| (l, n)).collect();
+        nodes.sort();
+        let mut chosen: Vec<NodeId> = nodes.into_iter().take(replicas).map(|(_, n)| n).collect();
+        chosen.sort();
+        Ok(chosen)
+    }
+
+    pub fn apply(&mut self, cmd: MetaCommand) -> MetaResponse {
+        match cmd {
+            MetaCommand::AddStream { config, now_ms } => self.add_stream(config, now_ms),
+            MetaCommand::DeleteStream { name } => {
+                let entry = self.stream(&name)?.clone();
+                self.streams.remove(&name);
+                self.consumers.retain(|_, c| c.stream != name);
+                Ok(entry.group_id)
+            }
+            MetaCommand::AddConsumer { stream, config, now_ms } => {
+                self.add_consumer(stream, config, now_ms)
+            }
+            MetaCommand::UpdateConsumer { stream, config } => {
+                let key = (stream.clone(), config.name.clone());
+                let entry = self.consumer(&stream, &config.name)?;
+                entry.config.check_update(&config)?;
+                let entry = self.consumers.get_mut(&key).expect("checked above");
+                entry.config = config;
+                Ok(entry.group_id)
+            }
+            MetaCommand::DeleteConsumer { stream, name } => {
+                let gid = self.consumer(&stream, &name)?.group_id;
+                self.consumers.remove(&(stream, name));
+                Ok(gid)
+            }
+        }
+    }
+
+    fn add_stream(&mut self, config: StreamConfig, now_ms: i64) -> MetaResponse {
+        config.validate()?;
+        if let Some(existing) = self.streams.get(&config.name) {
+            if existing.config == config {
+                return Ok(existing.group_id);
+            }
+            return Err(ServerError::AlreadyExists(format!(
+                "stream name {:?} already in use with a different configuration",
+                config.name
+            )));
+        }
+        for other in self.streams.values() {
+            for a in &config.subjects {
+                if let Some(b) = other.config.subjects.iter().find(|b| filters_overlap(a, b)) {
+                    return Err(ServerError::Conflict(format!(
+                        "subjects overlap with stream {:?} ({a:?} and {b:?})",
+                        other.config.name
+                    )));
+                }
+            }
+        }
+        let replicas = self.place(config.replicas as usize)?;
+        let group_id = self.next_group_id;
+        self.next_group_id += 1;
+        let name = config.name.clone();
+        self.streams.insert(name, StreamEntry { config, group_id, replicas, created_ms: now_ms });
+        Ok(group_id)
+    }
+
+    fn add_consumer(&mut self, stream: String, config: ConsumerConfig, now_ms: i64) -> MetaResponse {
+        config.validate()?;
+        let stream_entry = self.stream(&stream)?;
+        if let Some(filter) = &config.filter_subject {
+            let bound = stream_entry.config.subjects.iter().any(|s| filters_overlap(s, filter));
+            if !bound {
+                return Err(ServerError::Invalid(format!(
+                    "filter subject {filter:?} matches no subject of stream {stream:?}"
+                )));
+            }
+        }
+        let replicas = stream_entry.replicas.clone();
+        let key = (stream.clone(), config.name.clone());
+        if let Some(existing) = self.consumers.get(&key) {
+            if existing.config == config {
+                return Ok(existing.group_id);
+            }
+            return Err(ServerError::AlreadyExists(format!(
+                "consumer {:?} already exists on stream {stream:?} with a different configuration",
+                config.name
+            )));
+        }
+        let group_id = self.next_group_id;
+        self.next_group_id += 1;
+        self.consumers.insert(
+            key,
+            ConsumerEntry { stream, config, group_id, replicas, created_ms: now_ms },
+        );
+        Ok(group_id)
+    }
+}
+
+/// The catalog as a Raft state machine. Each apply bumps `version` so the
+/// reconciler and request handlers can wait for changes.
+pub struct MetaMachine {
+    catalog: Catalog,
+    version: watch::Sender<u64>,
+}
+
+impl MetaMachine {
+    pub fn new(nodes: BTreeMap<NodeId, String>) -> (Self, watch::Receiver<u64>) {
+        let (tx, rx) = watch::channel(0);
+        (MetaMachine { catalog: Catalog::new(nodes), version: tx }, rx)
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+impl StateMachine for MetaMachine {
+    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+        let response: MetaResponse = match bincode::deserialize::<MetaCommand>(command) {
+            Ok(cmd) => self.catalog.apply(cmd),
+            Err(e) => Err(ServerError::Internal(format!("undecodable meta command: {e}"))),
+        };
+        self.bump();
+        bincode::serialize(&response).unwrap_or_default()
+    }
+
+    fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
+        bincode::serialize(&self.catalog).map_err(|e| e.to_string())
+    }
+
+    fn restore(&mut self, data: &[u8]) -> std::result::Result<(), String> {
+        self.catalog = bincode::deserialize(data).map_err(|e| e.to_string())?;
+        self.bump();
+        Ok(())
+    }
+}

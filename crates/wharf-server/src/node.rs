@@ -1,0 +1,282 @@
+//! A Wharf node: its Raft groups, its catalog view, and the gRPC server.
+//!
+//! `Node::start` opens the node's one sled database, starts the meta group
+//! (every node is a voter), serves the public API and the peer transport on
+//! one port, and runs the reconciler: whenever the catalog changes, the node
+//! starts the stream and consumer groups placed on it and stops the ones that
+//! were deleted. Restarting from the same data dir reopens every group from
+//! disk; the catalog replays first, so the same groups come back.
+//!
+//! Left out: node membership changes (the node set is the static peer list),
+//! graceful leadership handover on shutdown, TLS.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use wharf_core::consumer::ConsumerConfig;
+use wharf_raft::{Group, GroupId, NodeId, RaftNode, RaftSettings, SharedStateMachine};
+
+use crate::consumer_runtime::{ConsumerRuntime, RuntimeContext};
+use crate::consumer_sm::ConsumerMachine;
+use crate::error::{Result, ServerError};
+use crate::forward::Peers;
+use crate::meta::{Catalog, MetaMachine, META_GROUP};
+use crate::stream_sm::StreamMachine;
+use crate::stream_writer::StreamWriter;
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub node_id: NodeId,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Every node of the cluster, this one included: id -> "host:port".
+    pub peers: BTreeMap<NodeId, String>,
+    pub raft: RaftSettings,
+}
+
+impl NodeConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.node_id == 0 {
+            return Err(ServerError::Invalid("node id must be 1 or more".into()));
+        }
+        if !self.peers.contains_key(&self.node_id) {
+            return Err(ServerError::Invalid(format!(
+                "--peers must include this node ({})",
+                self.node_id
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) struct LocalStream {
+    pub group_id: GroupId,
+    pub group: Group,
+    pub sm: Arc<Mutex<StreamMachine>>,
+    pub tree: sled::Tree,
+    pub last_seq: watch::Receiver<u64>,
+    pub writer: StreamWriter,
+}
+
+pub(crate) struct LocalConsumer {
+    pub group_id: GroupId,
+    pub group: Group,
+    pub sm: Arc<Mutex<ConsumerMachine>>,
+    pub runtime: ConsumerRuntime,
+    pub desired: watch::Sender<ConsumerConfig>,
+}
+
+#[derive(Default)]
+pub(crate) struct Local {
+    pub streams: HashMap<String, Arc<LocalStream>>,
+    pub consumers: HashMap<(String, String), Arc<LocalConsumer>>,
+}
+
+pub(crate) struct NodeInner {
+    pub config: NodeConfig,
+    pub raft: Arc<RaftNode>,
+    pub meta: Group,
+    pub meta_sm: Arc<Mutex<MetaMachine>>,
+    pub meta_version: watch::Receiver<u64>,
+    pub local: Mutex<Local>,
+    pub peers: Peers,
+    pub next_session: AtomicU64,
+}
+
+impl NodeInner {
+    pub fn id(&self) -> NodeId {
+        self.config.node_id
+    }
+
+    pub fn catalog(&self) -> Catalog {
+        self.meta_sm.lock().map(|m| m.catalog().clone()).unwrap_or_default()
+    }
+
+    pub fn local_stream(&self, name: &str) -> Option<Arc<LocalStream>> {
+        self.local.lock().ok()?.streams.get(name).cloned()
+    }
+
+    pub fn local_consumer(&self, stream: &str, name: &str) -> Option<Arc<LocalConsumer>> {
+        self.local.lock().ok()?.consumers.get(&(stream.to_string(), name.to_string())).cloned()
+    }
+}
+
+/// A running node. Dropping it does not stop it; call `shutdown`.
+pub struct Node {
+    pub(crate) inner: Arc<NodeInner>,
+    shutdown_tx: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+    local_addr: SocketAddr,
+}
+
+impl Node {
+    pub async fn start(config: NodeConfig) -> Result<Node> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            ServerError::Invalid(format!("cannot create data dir {:?}: {e}", config.data_dir))
+        })?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| ServerError::Invalid(format!("cannot listen on {}: {e}", config.listen)))?;
+        let local_addr = listener.local_addr().map_err(|e| ServerError::Internal(e.to_string()))?;
+        let raft = RaftNode::open(config.node_id, &config.data_dir, config.raft.clone())?;
+
+        let (meta_machine, meta_version) = MetaMachine::new(config.peers.clone());
+        let meta_sm = Arc::new(Mutex::new(meta_machine));
+        let shared: SharedStateMachine = meta_sm.clone();
+        let meta = raft.start_group(META_GROUP, config.peers.clone(), shared).await?;
+
+        let inner = Arc::new(NodeInner {
+            peers: Peers::new(config.peers.clone()),
+            config,
+            raft,
+            meta,
+            meta_sm,
+            meta_version,
+            local: Mutex::new(Local::default()),
+            next_session: AtomicU64::new(1),
+        });
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let server = tokio::spawn(crate::service::serve(inner.clone(), listener, shutdown_rx.clone()));
+        tokio::spawn(reconcile_loop(inner.clone(), shutdown_rx));
+        tracing::info!(node = inner.id(), addr = %local_addr, "wharf node started");
+        Ok(Node { inner, shutdown_tx, server, local_addr })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.id()
+    }
+
+    /// Stop serving, stop every group, flush the database.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown_tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        self.inner.raft.shutdown().await;
+    }
+}
+
+async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool>) {
+    let mut version = node.meta_version.clone();
+    loop {
+        if let Err(e) = reconcile(&node).await {
+            tracing::warn!("reconcile: {e}");
+        }
+        tokio::select! {
+            _ = version.changed() => {}
+            // Also retry periodically: a group that failed to start gets another go.
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+fn members(catalog: &Catalog, replicas: &[NodeId]) -> BTreeMap<NodeId, String> {
+    replicas
+        .iter()
+        .filter_map(|n| catalog.nodes.get(n).map(|a| (*n, a.clone())))
+        .collect()
+}
+
+/// Bring the local groups in line with the catalog.
+async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
+    let catalog = node.catalog();
+    let me = node.id();
+
+    // Stop what is gone (or was recreated under a new group id).
+    let (stale_streams, stale_consumers) = {
+        let local = node.local.lock().map_err(|_| ServerError::Internal("poisoned".into()))?;
+        let streams: Vec<(String, GroupId)> = local
+            .streams
+            .iter()
+            .filter(|(name, s)| catalog.streams.get(*name).map(|e| e.group_id) != Some(s.group_id))
+            .map(|(n, s)| (n.clone(), s.group_id))
+            .collect();
+        let consumers: Vec<((String, String), GroupId)> = local
+            .consumers
+            .iter()
+            .filter(|(k, c)| catalog.consumers.get(*k).map(|e| e.group_id) != Some(c.group_id))
+            .map(|(k, c)| (k.clone(), c.group_id))
+            .collect();
+        (streams, consumers)
+    };
+    for (key, gid) in stale_consumers {
+        node.local.lock().map(|mut l| l.consumers.remove(&key)).ok();
+        node.raft.stop_group(gid, true).await?;
+        tracing::info!(stream = %key.0, consumer = %key.1, "consumer group removed");
+    }
+    for (name, gid) in stale_streams {
+        node.local.lock().map(|mut l| l.streams.remove(&name)).ok();
+        node.raft.stop_group(gid, true).await?;
+        let _ = node.raft.db().drop_tree(payload_tree(gid));
+        tracing::info!(stream = %name, "stream group removed");
+    }
+
+    // Start what is placed here and not running.
+    for (name, entry) in &catalog.streams {
+        if !entry.replicas.contains(&me) || node.local_stream(name).is_some() {
+            continue;
+        }
+        let tree = node.raft.db().open_tree(payload_tree(entry.group_id))?;
+        let (machine, last_seq) = StreamMachine::new(entry.config.clone(), tree.clone());
+        let sm = Arc::new(Mutex::new(machine));
+        let shared: SharedStateMachine = sm.clone();
+        let group = node
+            .raft
+            .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
+            .await?;
+        let writer = StreamWriter::spawn(group.clone());
+        let local = LocalStream { group_id: entry.group_id, group, sm, tree, last_seq, writer };
+        node.local.lock().map(|mut l| l.streams.insert(name.clone(), Arc::new(local))).ok();
+        tracing::info!(stream = %name, group = entry.group_id, "stream group started");
+    }
+    for (key, entry) in &catalog.consumers {
+        if !entry.replicas.contains(&me) {
+            continue;
+        }
+        if let Some(existing) = node.local_consumer(&key.0, &key.1) {
+            existing.desired.send_if_modified(|c| {
+                let changed = *c != entry.config;
+                *c = entry.config.clone();
+                changed
+            });
+            continue;
+        }
+        let Some(stream) = node.local_stream(&entry.stream) else { continue };
+        let (machine, changes) = ConsumerMachine::new(entry.config.clone());
+        let sm = Arc::new(Mutex::new(machine));
+        let shared: SharedStateMachine = sm.clone();
+        let group = node
+            .raft
+            .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
+            .await?;
+        let (desired, desired_rx) = watch::channel(entry.config.clone());
+        let runtime = ConsumerRuntime::spawn(RuntimeContext {
+            stream: key.0.clone(),
+            name: key.1.clone(),
+            group: group.clone(),
+            consumer: sm.clone(),
+            consumer_changes: changes,
+            stream_sm: stream.sm.clone(),
+            stream_tree: stream.tree.clone(),
+            stream_last_seq: stream.last_seq.clone(),
+            desired_config: desired_rx,
+        });
+        let local = LocalConsumer { group_id: entry.group_id, group, sm, runtime, desired };
+        node.local.lock().map(|mut l| l.consumers.insert(key.clone(), Arc::new(local))).ok();
+        tracing::info!(stream = %key.0, consumer = %key.1, group = entry.group_id, "consumer group started");
+    }
+    Ok(())
+}
+
+pub(crate) fn payload_tree(group_id: GroupId) -> String {
+    format!("s{group_id}.msgs")
+}

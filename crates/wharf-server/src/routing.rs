@@ -1,0 +1,195 @@
+//! Finding where a request is served, and the reads and writes that need a leader.
+//!
+//! `route` answers "here" when this node leads the group, or the node to
+//! forward to. Catalog lookups that miss locally are retried once the meta
+//! group has caught up, because a follower's catalog may trail the leader's by
+//! a few milliseconds right after a create.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use wharf_proto::v1 as pb;
+use wharf_raft::{Group, NodeId};
+
+use crate::convert::{consumer_config_to_pb, stream_config_to_pb};
+use crate::error::{Result, ServerError};
+use crate::forward::onward;
+use crate::meta::{ConsumerEntry, MetaCommand, MetaResponse, StreamEntry};
+use crate::node::NodeInner;
+
+/// How long a request waits for a group to elect a leader.
+const LEADER_WAIT: Duration = Duration::from_secs(3);
+/// How long a lookup waits for a lagging catalog.
+const CATALOG_GRACE: Duration = Duration::from_millis(500);
+
+pub enum Route {
+    Local,
+    Remote(NodeId),
+}
+
+impl NodeInner {
+    pub async fn route(&self, group: Option<&Group>, replicas: &[NodeId]) -> Result<Route> {
+        match group {
+            Some(g) => {
+                let status = g
+                    .wait_for(LEADER_WAIT, |s| s.leader.is_some())
+                    .await
+                    .map_err(|_| ServerError::Unavailable(format!("group {} has no leader yet", g.id())))?;
+                match status.leader {
+                    Some(l) if l == self.id() => Ok(Route::Local),
+                    Some(l) => Ok(Route::Remote(l)),
+                    None => Err(ServerError::Unavailable("no leader".into())),
+                }
+            }
+            None => replicas
+                .iter()
+                .copied()
+                .find(|n| *n != self.id())
+                .map(Route::Remote)
+                .ok_or_else(|| ServerError::Unavailable("group is starting on this node".into())),
+        }
+    }
+
+    pub async fn route_meta(&self) -> Result<Route> {
+        self.route(Some(&self.meta), &[]).await
+    }
+
+    pub async fn meta_write(&self, cmd: MetaCommand) -> Result<u64> {
+        let bytes = self.meta.write(bincode::serialize(&cmd)?).await?;
+        let response: MetaResponse = bincode::deserialize(&bytes)?;
+        response
+    }
+
+    /// Wait until the catalog no longer trails: used before answering "not found".
+    async fn catalog_grace(&self) {
+        let mut version = self.meta_version.clone();
+        let _ = tokio::time::timeout(CATALOG_GRACE, version.changed()).await;
+    }
+
+    pub async fn find_stream(&self, name: &str) -> Result<StreamEntry> {
+        if let Ok(e) = self.catalog().stream(name) {
+            return Ok(e.clone());
+        }
+        self.catalog_grace().await;
+        Ok(self.catalog().stream(name)?.clone())
+    }
+
+    pub async fn find_consumer(&self, stream: &str, name: &str) -> Result<ConsumerEntry> {
+        if let Ok(e) = self.catalog().consumer(stream, name) {
+            return Ok(e.clone());
+        }
+        self.catalog_grace().await;
+        Ok(self.catalog().consumer(stream, name)?.clone())
+    }
+
+    /// Wait (bounded) until a group created through the catalog runs here
+    /// with a leader, so the next request to it succeeds at once.
+    pub async fn wait_group_ready(&self, group_id: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut version = self.meta_version.clone();
+        while tokio::time::Instant::now() < deadline {
+            if let Some(g) = self.raft.group(group_id) {
+                let _ = g.wait_for(Duration::from_secs(3), |s| s.leader.is_some()).await;
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), version.changed()).await;
+        }
+    }
+
+    pub async fn stream_info(&self, name: &str, hops: u32) -> Result<pb::StreamInfo> {
+        let entry = self.find_stream(name).await?;
+        let local = self.local_stream(name);
+        match self.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+            Route::Local => {
+                let local = local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
+                let stats = local.sm.lock().map(|s| s.stats()).map_err(|_| poisoned())?;
+                let status = local.group.status();
+                let consumers = self.catalog().consumers_of(name).count() as u32;
+                Ok(pb::StreamInfo {
+                    config: Some(stream_config_to_pb(&entry.config)),
+                    state: Some(pb::StreamState {
+                        messages: stats.messages,
+                        bytes: stats.bytes,
+                        first_seq: stats.first_seq,
+                        last_seq: stats.last_seq,
+                        consumer_count: consumers,
+                    }),
+                    cluster: Some(pb::ClusterInfo {
+                        leader: status.leader.unwrap_or(0),
+                        replicas: entry.replicas.clone(),
+                        term: status.term,
+                        group_id: entry.group_id,
+                    }),
+                    created_ms: entry.created_ms,
+                })
+            }
+            Route::Remote(n) => {
+                let req = onward(pb::GetStreamRequest { name: name.to_string() }, hops)?;
+                Ok(self.peers.client(n)?.get_stream(req).await?.into_inner())
+            }
+        }
+    }
+
+    pub async fn consumer_info(&self, stream: &str, name: &str, hops: u32) -> Result<pb::ConsumerInfo> {
+        let entry = self.find_consumer(stream, name).await?;
+        let local = self.local_consumer(stream, name);
+        match self.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+            Route::Local => {
+                let local = local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
+                let stream_sm = self
+                    .local_stream(stream)
+                    .ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
+                let status = local.group.status();
+                let c = local.sm.lock().map_err(|_| poisoned())?;
+                let state = c.state();
+                let delivered = state.delivered();
+                let floor = state.ack_floor();
+                let num_pending = stream_sm
+                    .sm
+                    .lock()
+                    .map(|s| {
+                        s.state().count_matching_after(
+                            delivered.stream_seq,
+                            state.config().filter_subject.as_deref(),
+                        )
+                    })
+                    .map_err(|_| poisoned())?;
+                Ok(pb::ConsumerInfo {
+                    stream_name: stream.to_string(),
+                    name: name.to_string(),
+                    config: Some(consumer_config_to_pb(state.config())),
+                    delivered: Some(pb::SequencePair {
+                        consumer_seq: delivered.consumer_seq,
+                        stream_seq: delivered.stream_seq,
+                    }),
+                    ack_floor: Some(pb::SequencePair {
+                        consumer_seq: floor.consumer_seq,
+                        stream_seq: floor.stream_seq,
+                    }),
+                    num_ack_pending: state.num_ack_pending(),
+                    num_redelivered: state.num_redelivered(),
+                    num_waiting: local.runtime.num_waiting.load(Ordering::Relaxed),
+                    num_pending,
+                    cluster: Some(pb::ClusterInfo {
+                        leader: status.leader.unwrap_or(0),
+                        replicas: entry.replicas.clone(),
+                        term: status.term,
+                        group_id: entry.group_id,
+                    }),
+                    created_ms: entry.created_ms,
+                })
+            }
+            Route::Remote(n) => {
+                let req = onward(
+                    pb::GetConsumerRequest { stream: stream.to_string(), name: name.to_string() },
+                    hops,
+                )?;
+                Ok(self.peers.client(n)?.get_consumer(req).await?.into_inner())
+            }
+        }
+    }
+}
+
+fn poisoned() -> ServerError {
+    ServerError::Internal("state lock poisoned".into())
+}

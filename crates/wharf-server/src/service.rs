@@ -1,0 +1,503 @@
+//! The public gRPC service (`wharf.v1.Wharf`) and the node's gRPC server.
+//!
+//! Handlers validate input, then either serve the call here (this node leads
+//! the group) or forward it to the node that does (see `routing`, `forward`).
+//! Every error leaves through `impl From<ServerError> for Status`.
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::FuturesOrdered;
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+use wharf_core::stream::MAX_MSG_SIZE_LIMIT;
+use wharf_core::subject::validate_subject;
+use wharf_proto::v1 as pb;
+use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
+
+use crate::consumer_runtime::{ConsumerRuntime, Event, SESSION_OUTBOX};
+use crate::convert::{consumer_config_from_pb, stream_config_from_pb};
+use crate::error::{Result, ServerError};
+use crate::forward::{hops, onward, retry};
+use crate::meta::MetaCommand;
+use crate::node::NodeInner;
+use crate::routing::Route;
+use crate::util::now_ms;
+
+/// Publishes in flight on one PublishStream call.
+const PUBLISH_WINDOW: usize = 1024;
+
+pub async fn serve(
+    node: Arc<NodeInner>,
+    listener: tokio::net::TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<WharfServer<WharfService>>().await;
+    let wharf = WharfServer::new(WharfService { node: node.clone() })
+        .max_decoding_message_size(2 * MAX_MSG_SIZE_LIMIT as usize);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(5)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .add_service(health)
+        .add_service(wharf)
+        .add_service(node.raft.transport_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            let _ = shutdown.changed().await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!("gRPC server stopped: {e}");
+    }
+}
+
+pub struct WharfService {
+    node: Arc<NodeInner>,
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+impl WharfService {
+    async fn publish_once(&self, msg: pb::PublishRequest, hops: u32) -> Result<pb::PublishAck> {
+        let node = &self.node;
+        let entry = match node.catalog().stream_for_subject(&msg.subject) {
+            Some(e) => e.clone(),
+            None => match node.route_meta().await? {
+                Route::Local => {
+                    return Err(ServerError::NotFound(format!(
+                        "no stream matches subject {:?}",
+                        msg.subject
+                    )))
+                }
+                Route::Remote(n) => {
+                    return Ok(node.peers.client(n)?.publish(onward(msg, hops)?).await?.into_inner())
+                }
+            },
+        };
+        let local = node.local_stream(&entry.config.name);
+        match node.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+            Route::Local => {
+                let local = local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
+                let seq = local.writer.publish(msg.subject, msg.payload).await?;
+                Ok(pb::PublishAck { stream: entry.config.name, seq, ..Default::default() })
+            }
+            Route::Remote(n) => {
+                Ok(node.peers.client(n)?.publish(onward(msg, hops)?).await?.into_inner())
+            }
+        }
+    }
+
+    async fn publish(&self, msg: pb::PublishRequest, hops: u32) -> Result<pb::PublishAck> {
+        validate_subject(&msg.subject)?;
+        if msg.payload.len() > MAX_MSG_SIZE_LIMIT as usize {
+            return Err(ServerError::Invalid(format!(
+                "message size {} exceeds the server's maximum of {MAX_MSG_SIZE_LIMIT}",
+                msg.payload.len()
+            )));
+        }
+        retry(|| self.publish_once(msg.clone(), hops)).await
+    }
+
+    async fn add_consumer_here(&self, stream: &str, config: wharf_core::consumer::ConsumerConfig) -> Result<()> {
+        let gid = self
+            .node
+            .meta_write(MetaCommand::AddConsumer {
+                stream: stream.to_string(),
+                config,
+                now_ms: now_ms(),
+            })
+            .await?;
+        self.node.wait_group_ready(gid).await;
+        Ok(())
+    }
+
+    /// Attach a worker session to the local consumer runtime.
+    async fn attach(
+        &self,
+        runtime: ConsumerRuntime,
+        mut inbound: Streaming<pb::ConsumeRequest>,
+    ) -> Result<ResponseStream<pb::ConsumeResponse>> {
+        let session = self.node.next_session.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
+        runtime.send(Event::Open { session, out: tx.clone() }).await?;
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = tx.closed() => break,
+                };
+                let kind = match next {
+                    Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
+                    Ok(Some(_)) => continue,
+                    Ok(None) | Err(_) => break,
+                };
+                let event = match kind {
+                    pb::consume_request::Kind::Pull(pull) => Event::Pull { session, pull },
+                    pb::consume_request::Kind::Ack(ack) => Event::Ack {
+                        session,
+                        stream_seq: ack.stream_seq,
+                        reply_id: ack.reply_id,
+                    },
+                    pb::consume_request::Kind::Open(_) => {
+                        let _ = tx
+                            .send(Err(Status::invalid_argument("this session is already open")))
+                            .await;
+                        break;
+                    }
+                };
+                if runtime.send(event).await.is_err() {
+                    break;
+                }
+            }
+            let _ = runtime.send(Event::Close { session }).await;
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+
+    /// Relay a worker session to the consumer leader on another node.
+    async fn proxy(
+        &self,
+        leader: u64,
+        open: pb::ConsumeOpen,
+        mut inbound: Streaming<pb::ConsumeRequest>,
+        hops: u32,
+    ) -> Result<ResponseStream<pb::ConsumeResponse>> {
+        let (up_tx, up_rx) = mpsc::channel(SESSION_OUTBOX);
+        let open = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Open(open)) };
+        up_tx
+            .send(open)
+            .await
+            .map_err(|_| ServerError::Internal("proxy channel closed".into()))?;
+        let req = onward(ReceiverStream::new(up_rx), hops)?;
+        let mut upstream = self.node.peers.client(leader)?.consume(req).await?.into_inner();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                if up_tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    m = upstream.message() => m,
+                    _ = tx.closed() => break,
+                };
+                match next {
+                    Ok(Some(m)) => {
+                        if tx.send(Ok(m)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        let _ = tx.send(Err(Status::from(ServerError::from(status)))).await;
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl Wharf for WharfService {
+    async fn add_stream(
+        &self,
+        req: Request<pb::AddStreamRequest>,
+    ) -> Result<Response<pb::StreamInfo>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let config = stream_config_from_pb(msg.config.clone())?;
+        let node = &self.node;
+        let info = retry(|| async {
+            match node.route_meta().await? {
+                Route::Local => {
+                    let gid = node
+                        .meta_write(MetaCommand::AddStream { config: config.clone(), now_ms: now_ms() })
+                        .await?;
+                    node.wait_group_ready(gid).await;
+                    node.stream_info(&config.name, hops).await
+                }
+                Route::Remote(n) => {
+                    Ok(node.peers.client(n)?.add_stream(onward(msg.clone(), hops)?).await?.into_inner())
+                }
+            }
+        })
+        .await?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_stream(
+        &self,
+        req: Request<pb::GetStreamRequest>,
+    ) -> Result<Response<pb::StreamInfo>, Status> {
+        let hops = hops(&req);
+        let name = req.into_inner().name;
+        let info = retry(|| self.node.stream_info(&name, hops)).await?;
+        Ok(Response::new(info))
+    }
+
+    async fn list_streams(
+        &self,
+        req: Request<pb::ListStreamsRequest>,
+    ) -> Result<Response<pb::ListStreamsResponse>, Status> {
+        let hops = hops(&req);
+        let node = &self.node;
+        if let Route::Remote(n) = node.route_meta().await? {
+            if hops < crate::forward::MAX_HOPS {
+                let r = node.peers.client(n)?.list_streams(onward(req.into_inner(), hops)?).await;
+                return Ok(r.map_err(ServerError::from)?);
+            }
+        }
+        let mut streams = Vec::new();
+        for name in node.catalog().streams.keys() {
+            streams.push(retry(|| node.stream_info(name, hops)).await?);
+        }
+        Ok(Response::new(pb::ListStreamsResponse { streams }))
+    }
+
+    async fn delete_stream(
+        &self,
+        req: Request<pb::DeleteStreamRequest>,
+    ) -> Result<Response<pb::DeleteStreamResponse>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let node = &self.node;
+        retry(|| async {
+            match node.route_meta().await? {
+                Route::Local => {
+                    node.meta_write(MetaCommand::DeleteStream { name: msg.name.clone() }).await?;
+                    Ok(pb::DeleteStreamResponse {})
+                }
+                Route::Remote(n) => Ok(node
+                    .peers
+                    .client(n)?
+                    .delete_stream(onward(msg.clone(), hops)?)
+                    .await?
+                    .into_inner()),
+            }
+        })
+        .await?;
+        Ok(Response::new(pb::DeleteStreamResponse {}))
+    }
+
+    async fn publish(
+        &self,
+        req: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishAck>, Status> {
+        let hops = hops(&req);
+        Ok(Response::new(self.publish(req.into_inner(), hops).await?))
+    }
+
+    type PublishStreamStream = ResponseStream<pb::PublishAck>;
+
+    async fn publish_stream(
+        &self,
+        req: Request<Streaming<pb::PublishRequest>>,
+    ) -> Result<Response<Self::PublishStreamStream>, Status> {
+        let hops = hops(&req);
+        let mut inbound = req.into_inner();
+        let service = WharfService { node: self.node.clone() };
+        let (tx, rx) = mpsc::channel(PUBLISH_WINDOW);
+        tokio::spawn(async move {
+            let service = Arc::new(service);
+            let mut inflight = FuturesOrdered::new();
+            let mut open = true;
+            while open || !inflight.is_empty() {
+                tokio::select! {
+                    m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
+                        Ok(Some(msg)) => {
+                            let s = service.clone();
+                            inflight.push_back(async move { s.publish(msg, hops).await });
+                        }
+                        _ => open = false,
+                    },
+                    Some(r) = inflight.next(), if !inflight.is_empty() => {
+                        let ack = match r {
+                            Ok(ack) => ack,
+                            Err(e) => {
+                                let status = Status::from(e);
+                                pb::PublishAck {
+                                    error: status.message().to_string(),
+                                    error_code: status.code() as u32,
+                                    ..Default::default()
+                                }
+                            }
+                        };
+                        if tx.send(Ok(ack)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn add_consumer(
+        &self,
+        req: Request<pb::AddConsumerRequest>,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let config = consumer_config_from_pb(msg.config.clone())?;
+        let node = &self.node;
+        let info = retry(|| async {
+            match node.route_meta().await? {
+                Route::Local => {
+                    self.add_consumer_here(&msg.stream, config.clone()).await?;
+                    node.consumer_info(&msg.stream, &config.name, hops).await
+                }
+                Route::Remote(n) => Ok(node
+                    .peers
+                    .client(n)?
+                    .add_consumer(onward(msg.clone(), hops)?)
+                    .await?
+                    .into_inner()),
+            }
+        })
+        .await?;
+        Ok(Response::new(info))
+    }
+
+    async fn update_consumer(
+        &self,
+        req: Request<pb::AddConsumerRequest>,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let config = consumer_config_from_pb(msg.config.clone())?;
+        let node = &self.node;
+        retry(|| async {
+            match node.route_meta().await? {
+                Route::Local => {
+                    let cmd = MetaCommand::UpdateConsumer {
+                        stream: msg.stream.clone(),
+                        config: config.clone(),
+                    };
+                    node.meta_write(cmd).await.map(|_| ())
+                }
+                Route::Remote(n) => node
+                    .peers
+                    .client(n)?
+                    .update_consumer(onward(msg.clone(), hops)?)
+                    .await
+                    .map(|_| ())
+                    .map_err(ServerError::from),
+            }
+        })
+        .await?;
+        // The consumer's leader applies the new config shortly after the
+        // catalog has it; answer once it reads back.
+        let want = crate::convert::consumer_config_to_pb(&config);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let info = retry(|| node.consumer_info(&msg.stream, &config.name, hops)).await?;
+            if info.config.as_ref() == Some(&want) || tokio::time::Instant::now() > deadline {
+                return Ok(Response::new(info));
+            }
+            let mut version = node.meta_version.clone();
+            let _ = tokio::time::timeout(Duration::from_millis(50), version.changed()).await;
+        }
+    }
+
+    async fn get_consumer(
+        &self,
+        req: Request<pb::GetConsumerRequest>,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let info = retry(|| self.node.consumer_info(&msg.stream, &msg.name, hops)).await?;
+        Ok(Response::new(info))
+    }
+
+    async fn list_consumers(
+        &self,
+        req: Request<pb::ListConsumersRequest>,
+    ) -> Result<Response<pb::ListConsumersResponse>, Status> {
+        let hops = hops(&req);
+        let stream = req.into_inner().stream;
+        let node = &self.node;
+        node.find_stream(&stream).await?;
+        let names: Vec<String> =
+            node.catalog().consumers_of(&stream).map(|c| c.config.name.clone()).collect();
+        let mut consumers = Vec::new();
+        for name in names {
+            consumers.push(retry(|| node.consumer_info(&stream, &name, hops)).await?);
+        }
+        Ok(Response::new(pb::ListConsumersResponse { consumers }))
+    }
+
+    async fn delete_consumer(
+        &self,
+        req: Request<pb::DeleteConsumerRequest>,
+    ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let node = &self.node;
+        retry(|| async {
+            match node.route_meta().await? {
+                Route::Local => {
+                    let cmd = MetaCommand::DeleteConsumer {
+                        stream: msg.stream.clone(),
+                        name: msg.name.clone(),
+                    };
+                    node.meta_write(cmd).await.map(|_| ())
+                }
+                Route::Remote(n) => node
+                    .peers
+                    .client(n)?
+                    .delete_consumer(onward(msg.clone(), hops)?)
+                    .await
+                    .map(|_| ())
+                    .map_err(ServerError::from),
+            }
+        })
+        .await?;
+        Ok(Response::new(pb::DeleteConsumerResponse {}))
+    }
+
+    type ConsumeStream = ResponseStream<pb::ConsumeResponse>;
+
+    async fn consume(
+        &self,
+        req: Request<Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        let hops = hops(&req);
+        let mut inbound = req.into_inner();
+        let open = match inbound.message().await? {
+            Some(pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Open(open)) }) => open,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of a Consume session must be `open`",
+                ))
+            }
+        };
+        let node = &self.node;
+        let entry = node.find_consumer(&open.stream, &open.consumer).await?;
+        let local = node.local_consumer(&open.stream, &open.consumer);
+        let stream = match node.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+            Route::Local => {
+                let local = local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
+                self.attach(local.runtime.clone(), inbound).await?
+            }
+            Route::Remote(n) => self.proxy(n, open, inbound, hops).await?,
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn cluster_status(
+        &self,
+        _req: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        Ok(Response::new(crate::status::cluster_status(&self.node).await))
+    }
+}

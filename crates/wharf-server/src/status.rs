@@ -1,0 +1,53 @@
+//! `ClusterStatus`: the nodes, which answer, and every group with its leader.
+//!
+//! Answered from this node's view: groups it hosts report their live Raft
+//! status; groups placed elsewhere report only their placement.
+
+use std::time::Duration;
+
+use wharf_proto::v1 as pb;
+use wharf_raft::Group;
+
+use crate::meta::META_GROUP;
+use crate::node::NodeInner;
+
+const PING_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn group_status(group: Option<Group>, id: u64, kind: &str, name: String, replicas: Vec<u64>) -> pb::GroupStatus {
+    let status = group.map(|g| g.status());
+    pb::GroupStatus {
+        group_id: id,
+        kind: kind.to_string(),
+        name,
+        leader: status.as_ref().and_then(|s| s.leader).unwrap_or(0),
+        term: status.as_ref().map(|s| s.term).unwrap_or(0),
+        replicas,
+        last_applied: status.as_ref().map(|s| s.last_applied).unwrap_or(0),
+    }
+}
+
+pub async fn cluster_status(node: &NodeInner) -> pb::ClusterStatusResponse {
+    let catalog = node.catalog();
+    let mut nodes = Vec::new();
+    for (id, addr) in &node.config.peers {
+        let up = *id == node.id() || node.raft.ping(addr, PING_TIMEOUT).await;
+        nodes.push(pb::NodeStatus { id: *id, addr: addr.clone(), up });
+    }
+    let mut groups = vec![group_status(
+        Some(node.meta.clone()),
+        META_GROUP,
+        "meta",
+        "meta".into(),
+        node.config.peers.keys().copied().collect(),
+    )];
+    for (name, s) in &catalog.streams {
+        let g = node.raft.group(s.group_id);
+        groups.push(group_status(g, s.group_id, "stream", name.clone(), s.replicas.clone()));
+    }
+    for ((stream, name), c) in &catalog.consumers {
+        let g = node.raft.group(c.group_id);
+        let label = format!("{stream}/{name}");
+        groups.push(group_status(g, c.group_id, "consumer", label, c.replicas.clone()));
+    }
+    pb::ClusterStatusResponse { node_id: node.id(), nodes, groups }
+}

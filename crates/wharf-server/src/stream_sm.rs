@@ -1,0 +1,181 @@
+//! A stream group's state machine: the message index in memory, payloads in sled.
+//!
+//! `wharf_core::stream::StreamState` decides sequences and what the limits
+//! remove; this wrapper stores each message (subject, publish time, payload)
+//! in the stream's own sled tree under its big-endian sequence, and deletes
+//! what the limits remove. Replaying the log rewrites the same keys, so apply
+//! is idempotent at the storage level.
+//!
+//! Invariants:
+//! - A message is readable from the tree before `applied_seq` announces it, so
+//!   a consumer leader that sees `last_seq = n` can read every stored seq <= n.
+//! - Time comes from the leader inside the command, never from a local clock.
+//!
+//! Left out: compaction of the tree itself (sled does that) and snapshots
+//! cheaper than "every stored message" (issue: snapshots and log compaction).
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use wharf_core::stream::{StreamConfig, StreamState, StreamStats};
+use wharf_raft::StateMachine;
+
+use crate::error::{Result, ServerError};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PublishItem {
+    pub subject: String,
+    pub payload: Bytes,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum StreamCommand {
+    /// A batch of publishes, in arrival order.
+    Publish { now_ms: i64, items: Vec<PublishItem> },
+    /// Remove messages older than max age.
+    Expire { now_ms: i64 },
+    UpdateConfig { config: StreamConfig, now_ms: i64 },
+}
+
+/// One result per published item: its sequence, or why it was refused.
+pub type PublishResults = Vec<std::result::Result<u64, ServerError>>;
+
+/// A stored message as kept in the payload tree.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredMessage {
+    pub subject: String,
+    pub published_ms: i64,
+    pub payload: Bytes,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    state: StreamState,
+    messages: Vec<(u64, StoredMessage)>,
+}
+
+pub struct StreamMachine {
+    state: StreamState,
+    tree: sled::Tree,
+    last_seq: watch::Sender<u64>,
+}
+
+impl StreamMachine {
+    pub fn new(config: StreamConfig, tree: sled::Tree) -> (Self, watch::Receiver<u64>) {
+        let (tx, rx) = watch::channel(0);
+        (StreamMachine { state: StreamState::new(config), tree, last_seq: tx }, rx)
+    }
+
+    pub fn state(&self) -> &StreamState {
+        &self.state
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        self.state.stats()
+    }
+
+    pub fn tree(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    fn publish(&mut self, now_ms: i64, items: Vec<PublishItem>) -> PublishResults {
+        let mut batch = sled::Batch::default();
+        let mut results = Vec::with_capacity(items.len());
+        for item in items {
+            match self.state.append(&item.subject, item.payload.len() as u64, now_ms) {
+                Ok(appended) => {
+                    let stored = StoredMessage {
+                        subject: item.subject,
+                        published_ms: now_ms,
+                        payload: item.payload,
+                    };
+                    match bincode::serialize(&stored) {
+                        Ok(v) => batch.insert(&appended.seq.to_be_bytes(), v),
+                        Err(e) => tracing::error!("encode message: {e}"),
+                    }
+                    for seq in appended.removed {
+                        batch.remove(&seq.to_be_bytes());
+                    }
+                    results.push(Ok(appended.seq));
+                }
+                Err(e) => results.push(Err(ServerError::from(e))),
+            }
+        }
+        self.write(batch);
+        results
+    }
+
+    fn remove(&mut self, seqs: Vec<u64>) {
+        let mut batch = sled::Batch::default();
+        for seq in seqs {
+            batch.remove(&seq.to_be_bytes());
+        }
+        self.write(batch);
+    }
+
+    fn write(&self, batch: sled::Batch) {
+        // A failed payload write cannot be undone in a replicated apply; the
+        // Raft log still holds the message, so log loudly and go on.
+        if let Err(e) = self.tree.apply_batch(batch) {
+            tracing::error!("stream payload write failed: {e}");
+        }
+        self.last_seq.send_replace(self.state.stats().last_seq);
+    }
+}
+
+/// Read a stored message by sequence from a stream's payload tree.
+pub fn read_message(tree: &sled::Tree, seq: u64) -> Result<Option<StoredMessage>> {
+    match tree.get(seq.to_be_bytes())? {
+        Some(v) => Ok(Some(bincode::deserialize(&v)?)),
+        None => Ok(None),
+    }
+}
+
+impl StateMachine for StreamMachine {
+    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+        let response: std::result::Result<PublishResults, ServerError> =
+            match bincode::deserialize::<StreamCommand>(command) {
+                Ok(StreamCommand::Publish { now_ms, items }) => Ok(self.publish(now_ms, items)),
+                Ok(StreamCommand::Expire { now_ms }) => {
+                    let removed = self.state.expire(now_ms);
+                    self.remove(removed);
+                    Ok(Vec::new())
+                }
+                Ok(StreamCommand::UpdateConfig { config, now_ms }) => {
+                    match self.state.update_config(config, now_ms) {
+                        Ok(removed) => {
+                            self.remove(removed);
+                            Ok(Vec::new())
+                        }
+                        Err(e) => Err(e.into()),
+                    }
+                }
+                Err(e) => Err(ServerError::Internal(format!("undecodable stream command: {e}"))),
+            };
+        bincode::serialize(&response).unwrap_or_default()
+    }
+
+    fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {
+        let mut messages = Vec::new();
+        for kv in self.tree.iter() {
+            let (k, v) = kv.map_err(|e| e.to_string())?;
+            let seq = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| "bad key")?);
+            messages.push((seq, bincode::deserialize(&v).map_err(|e| e.to_string())?));
+        }
+        bincode::serialize(&Snapshot { state: self.state.clone(), messages })
+            .map_err(|e| e.to_string())
+    }
+
+    fn restore(&mut self, data: &[u8]) -> std::result::Result<(), String> {
+        let snap: Snapshot = bincode::deserialize(data).map_err(|e| e.to_string())?;
+        self.tree.clear().map_err(|e| e.to_string())?;
+        let mut batch = sled::Batch::default();
+        for (seq, msg) in &snap.messages {
+            batch.insert(&seq.to_be_bytes(), bincode::serialize(msg).map_err(|e| e.to_string())?);
+        }
+        self.tree.apply_batch(batch).map_err(|e| e.to_string())?;
+        self.state = snap.state;
+        self.last_seq.send_replace(self.state.stats().last_seq);
+        Ok(())
+    }
+}

@@ -1,0 +1,220 @@
+//! Command-line definitions for `wharf`. Names mirror the `nats` CLI.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "wharf", version, about = "Wharf: a Raft-replicated message broker with shared pull consumers")]
+pub struct Cli {
+    /// Servers to contact, comma-separated host:port (any node will do).
+    #[arg(long, global = true, env = "WHARF_SERVER", default_value = wharf_client::DEFAULT_SERVERS)]
+    pub server: String,
+
+    /// How long client commands keep retrying while the cluster fails over.
+    #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub retry_for: std::time::Duration,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run one node of a cluster.
+    Server(ServerArgs),
+    /// Run a local three-node cluster on 127.0.0.1:7001-7003 in this process.
+    Dev(DevArgs),
+    /// Manage streams.
+    #[command(subcommand)]
+    Stream(StreamCmd),
+    /// Publish a message; prints the stream and sequence it was stored at.
+    Pub(PubArgs),
+    /// Manage consumers and pull messages.
+    #[command(subcommand)]
+    Consumer(ConsumerCmd),
+    /// Cluster state.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// This node's id (1 or more); must appear in --peers.
+    #[arg(long)]
+    pub node_id: u64,
+    /// Address to serve clients and peers on.
+    #[arg(long)]
+    pub listen: std::net::SocketAddr,
+    /// Data directory (created if missing).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Every node of the cluster: id=host:port,...
+    #[arg(long)]
+    pub peers: String,
+    #[command(flatten)]
+    pub raft: RaftArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RaftArgs {
+    /// Raft heartbeat interval of every group.
+    #[arg(long, default_value_t = 200)]
+    pub heartbeat_ms: u64,
+    /// Smallest election timeout.
+    #[arg(long, default_value_t = 800)]
+    pub election_min_ms: u64,
+    /// Largest election timeout.
+    #[arg(long, default_value_t = 1600)]
+    pub election_max_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DevArgs {
+    /// Where the three nodes keep their data.
+    #[arg(long, default_value = ".wharf-dev")]
+    pub data: PathBuf,
+    #[command(flatten)]
+    pub raft: RaftArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StreamCmd {
+    /// Create a stream.
+    Add(StreamAddArgs),
+    /// Show a stream's configuration and state.
+    Info {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List streams.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a stream, its messages and its consumers.
+    Rm { name: String },
+}
+
+#[derive(Args, Debug)]
+pub struct StreamAddArgs {
+    pub name: String,
+    /// Subjects the stream stores, comma-separated; wildcards * and > allowed.
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub subjects: Vec<String>,
+    /// Replicas: 1 or 3.
+    #[arg(long, default_value_t = 3)]
+    pub replicas: u32,
+    /// Keep at most this many messages (oldest removed first); -1 unlimited.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub max_msgs: i64,
+    /// Keep at most this many bytes of payload; -1 unlimited.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub max_bytes: i64,
+    /// Remove messages older than this (e.g. 1h); 0 keeps them.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub max_age: std::time::Duration,
+    /// Largest message accepted, in bytes; -1 for the server's limit (1 MiB).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub max_msg_size: i32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PubArgs {
+    pub subject: String,
+    pub payload: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConsumerCmd {
+    /// Create a durable pull consumer on a stream.
+    Add(ConsumerAddArgs),
+    /// Change a consumer's AckWait, MaxAckPending or max waiting pulls.
+    Edit(ConsumerEditArgs),
+    /// Show a consumer's configuration, cluster placement and state.
+    Info {
+        stream: String,
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a stream's consumers.
+    Ls {
+        stream: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a consumer.
+    Rm { stream: String, name: String },
+    /// Pull messages as one worker of the consumer.
+    Next(NextArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ConsumerAddArgs {
+    pub stream: String,
+    pub name: String,
+    /// Only deliver messages whose subject matches this filter.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// How long a delivered message may stay unacked before it goes to another worker.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ack_wait: std::time::Duration,
+    /// Most delivered-but-unacked messages across all workers; -1 unlimited.
+    #[arg(long, default_value_t = 1000, allow_hyphen_values = true)]
+    pub max_pending: i64,
+    /// Most pull requests waiting at once.
+    #[arg(long, default_value_t = 512)]
+    pub max_waiting: i64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ConsumerEditArgs {
+    pub stream: String,
+    pub name: String,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub ack_wait: Option<std::time::Duration>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_pending: Option<i64>,
+    #[arg(long)]
+    pub max_waiting: Option<i64>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct NextArgs {
+    pub stream: String,
+    pub name: String,
+    /// How many messages to pull.
+    #[arg(long, default_value_t = 1)]
+    pub count: u32,
+    /// Acknowledge each message after printing it (the default).
+    #[arg(long, conflicts_with = "no_ack")]
+    pub ack: bool,
+    /// Leave the messages unacknowledged.
+    #[arg(long)]
+    pub no_ack: bool,
+    /// How long to wait for messages.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub wait: std::time::Duration,
+    /// One JSON object per message.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Nodes, which are up, and every group with its leader and term.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}

@@ -1,0 +1,283 @@
+//! Human and JSON renderings of API objects. JSON field names follow NATS'
+//! StreamInfo and ConsumerInfo so existing tooling habits carry over.
+
+use serde_json::{json, Value};
+use wharf_client::{proto as pb, Message};
+
+/// `1000` -> `1,000`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn limit(n: i64) -> String {
+    if n < 0 {
+        "unlimited".into()
+    } else {
+        thousands(n as u64)
+    }
+}
+
+fn rows(title: &str, rows: &[(&str, String)]) -> String {
+    let mut out = format!("{title}:\n\n");
+    for (label, value) in rows {
+        out.push_str(&format!("{label:>24}: {value}\n"));
+    }
+    out.push('\n');
+    out
+}
+
+fn time(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn replicas(ids: &[u64]) -> String {
+    ids.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+pub fn stream_json(info: &pb::StreamInfo) -> Value {
+    let c = info.config.clone().unwrap_or_default();
+    let s = info.state.clone().unwrap_or_default();
+    let cl = info.cluster.clone().unwrap_or_default();
+    json!({
+        "config": {
+            "name": c.name,
+            "subjects": c.subjects,
+            "retention": "limits",
+            "num_replicas": c.replicas,
+            "max_msgs": c.max_msgs,
+            "max_bytes": c.max_bytes,
+            "max_age": c.max_age_ms.saturating_mul(1_000_000),
+            "max_msg_size": c.max_msg_size,
+            "discard": "old",
+        },
+        "created": time(info.created_ms),
+        "state": {
+            "messages": s.messages,
+            "bytes": s.bytes,
+            "first_seq": s.first_seq,
+            "last_seq": s.last_seq,
+            "consumer_count": s.consumer_count,
+        },
+        "cluster": { "leader": cl.leader, "replicas": cl.replicas, "term": cl.term },
+    })
+}
+
+pub fn stream_text(info: &pb::StreamInfo) -> String {
+    let c = info.config.clone().unwrap_or_default();
+    let s = info.state.clone().unwrap_or_default();
+    let cl = info.cluster.clone().unwrap_or_default();
+    let mut out = format!("Information for Stream {} created {}\n\n", c.name, time(info.created_ms));
+    out += &rows(
+        "Configuration",
+        &[
+            ("Subjects", c.subjects.join(", ")),
+            ("Replicas", c.replicas.to_string()),
+            ("Retention", "Limits".into()),
+            ("Discard Policy", "Old".into()),
+            ("Maximum Messages", limit(c.max_msgs)),
+            ("Maximum Bytes", limit(c.max_bytes)),
+            ("Maximum Age", if c.max_age_ms == 0 { "unlimited".into() } else { format!("{}ms", c.max_age_ms) }),
+            ("Maximum Message Size", thousands(c.max_msg_size.max(0) as u64)),
+        ],
+    );
+    out += &rows("Cluster Information", &[("Leader", cl.leader.to_string()), ("Replicas", replicas(&cl.replicas))]);
+    out += &rows(
+        "State",
+        &[
+            ("Messages", thousands(s.messages)),
+            ("Bytes", thousands(s.bytes)),
+            ("First Sequence", thousands(s.first_seq)),
+            ("Last Sequence", thousands(s.last_seq)),
+            ("Active Consumers", s.consumer_count.to_string()),
+        ],
+    );
+    out
+}
+
+pub fn stream_table(streams: &[pb::StreamInfo]) -> String {
+    if streams.is_empty() {
+        return "No streams defined\n".into();
+    }
+    let mut out = format!("{:<20} {:>12} {:>14} {:>10} {:>8}\n", "Name", "Messages", "Bytes", "Last Seq", "Leader");
+    for s in streams {
+        let c = s.config.clone().unwrap_or_default();
+        let st = s.state.clone().unwrap_or_default();
+        let leader = s.cluster.as_ref().map(|c| c.leader).unwrap_or(0);
+        out += &format!(
+            "{:<20} {:>12} {:>14} {:>10} {:>8}\n",
+            c.name,
+            thousands(st.messages),
+            thousands(st.bytes),
+            thousands(st.last_seq),
+            leader
+        );
+    }
+    out
+}
+
+pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
+    let c = info.config.clone().unwrap_or_default();
+    let d = info.delivered.unwrap_or_default();
+    let f = info.ack_floor.unwrap_or_default();
+    let cl = info.cluster.clone().unwrap_or_default();
+    json!({
+        "stream_name": info.stream_name,
+        "name": info.name,
+        "created": time(info.created_ms),
+        "config": {
+            "durable_name": c.name,
+            "filter_subject": c.filter_subject,
+            "deliver_policy": "all",
+            "ack_policy": "explicit",
+            "ack_wait": c.ack_wait_ms.saturating_mul(1_000_000),
+            "max_ack_pending": c.max_ack_pending,
+            "max_waiting": c.max_waiting,
+        },
+        "delivered": { "consumer_seq": d.consumer_seq, "stream_seq": d.stream_seq },
+        "ack_floor": { "consumer_seq": f.consumer_seq, "stream_seq": f.stream_seq },
+        "num_ack_pending": info.num_ack_pending,
+        "num_redelivered": info.num_redelivered,
+        "num_waiting": info.num_waiting,
+        "num_pending": info.num_pending,
+        "cluster": { "leader": cl.leader, "replicas": cl.replicas, "term": cl.term },
+    })
+}
+
+pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
+    let c = info.config.clone().unwrap_or_default();
+    let d = info.delivered.unwrap_or_default();
+    let f = info.ack_floor.unwrap_or_default();
+    let cl = info.cluster.clone().unwrap_or_default();
+    let mut out = format!(
+        "Information for Consumer {} > {} created {}\n\n",
+        info.stream_name,
+        info.name,
+        time(info.created_ms)
+    );
+    let filter = if c.filter_subject.is_empty() { "(all subjects)".into() } else { c.filter_subject.clone() };
+    out += &rows(
+        "Configuration",
+        &[
+            ("Name", c.name.clone()),
+            ("Pull Mode", "true".into()),
+            ("Filter Subject", filter),
+            ("Ack Policy", "Explicit".into()),
+            ("Ack Wait", format!("{:.2}s", c.ack_wait_ms as f64 / 1000.0)),
+            ("Max Ack Pending", limit(c.max_ack_pending)),
+            ("Max Waiting Pulls", thousands(c.max_waiting.max(0) as u64)),
+        ],
+    );
+    out += &rows("Cluster Information", &[("Leader", cl.leader.to_string()), ("Replicas", replicas(&cl.replicas))]);
+    let outstanding = if c.max_ack_pending < 0 {
+        thousands(info.num_ack_pending)
+    } else {
+        format!("{} out of maximum {}", thousands(info.num_ack_pending), thousands(c.max_ack_pending as u64))
+    };
+    out += &rows(
+        "State",
+        &[
+            ("Last Delivered Message", format!("Consumer sequence: {} Stream sequence: {}", d.consumer_seq, d.stream_seq)),
+            ("Acknowledgment Floor", format!("Consumer sequence: {} Stream sequence: {}", f.consumer_seq, f.stream_seq)),
+            ("Outstanding Acks", outstanding),
+            ("Redelivered Messages", thousands(info.num_redelivered)),
+            ("Unprocessed Messages", thousands(info.num_pending)),
+            ("Waiting Pulls", format!("{} of maximum {}", thousands(info.num_waiting), thousands(c.max_waiting.max(0) as u64))),
+        ],
+    );
+    out
+}
+
+pub fn consumer_table(consumers: &[pb::ConsumerInfo]) -> String {
+    if consumers.is_empty() {
+        return "No consumers defined\n".into();
+    }
+    let mut out = format!("{:<20} {:>12} {:>12} {:>12} {:>8}\n", "Name", "Ack Pending", "Unprocessed", "Redelivered", "Leader");
+    for c in consumers {
+        let leader = c.cluster.as_ref().map(|c| c.leader).unwrap_or(0);
+        out += &format!(
+            "{:<20} {:>12} {:>12} {:>12} {:>8}\n",
+            c.name,
+            thousands(c.num_ack_pending),
+            thousands(c.num_pending),
+            thousands(c.num_redelivered),
+            leader
+        );
+    }
+    out
+}
+
+pub fn message_json(m: &Message) -> Value {
+    json!({
+        "subject": m.subject,
+        "stream_seq": m.stream_seq,
+        "consumer_seq": m.consumer_seq,
+        "delivered": m.delivered,
+        "payload": String::from_utf8_lossy(&m.payload),
+    })
+}
+
+pub fn message_text(m: &Message) -> String {
+    format!(
+        "[{}] subject: {} stream sequence: {} consumer sequence: {} delivered: {}\n\n{}\n\n",
+        time(m.published_ms),
+        m.subject,
+        m.stream_seq,
+        m.consumer_seq,
+        m.delivered,
+        String::from_utf8_lossy(&m.payload)
+    )
+}
+
+pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
+    json!({
+        "answered_by": s.node_id,
+        "nodes": s.nodes.iter().map(|n| json!({"id": n.id, "addr": n.addr, "up": n.up})).collect::<Vec<_>>(),
+        "groups": s.groups.iter().map(|g| json!({
+            "group_id": g.group_id, "kind": g.kind, "name": g.name, "leader": g.leader,
+            "term": g.term, "replicas": g.replicas, "last_applied": g.last_applied,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn cluster_text(s: &pb::ClusterStatusResponse) -> String {
+    let mut out = format!("Cluster status (as seen by node {})\n\nNodes:\n\n", s.node_id);
+    for n in &s.nodes {
+        out += &format!("  {:>3}  {:<24} {}\n", n.id, n.addr, if n.up { "up" } else { "DOWN" });
+    }
+    out += &format!("\nGroups:\n\n  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n", "Group", "Kind", "Name", "Leader", "Term", "Replicas");
+    for g in &s.groups {
+        let leader = if g.leader == 0 { "-".to_string() } else { g.leader.to_string() };
+        out += &format!(
+            "  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n",
+            g.group_id,
+            g.kind,
+            g.name,
+            leader,
+            g.term,
+            replicas(&g.replicas)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thousands;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+}

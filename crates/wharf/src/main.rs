@@ -1,0 +1,44 @@
+//! `wharf`: the server, a local dev cluster, and client commands.
+//!
+//! Every failure prints `error: <message>` on stderr and exits with code 1;
+//! usage errors from the argument parser exit with 1 as well.
+
+mod cli;
+mod client_cmd;
+mod format;
+mod server_cmd;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(1) } else { ExitCode::SUCCESS };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            cli::Command::Server(args) => server_cmd::server(args).await,
+            cli::Command::Dev(args) => server_cmd::dev(args).await,
+            command => client_cmd::run(&cli.server, cli.retry_for, command).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

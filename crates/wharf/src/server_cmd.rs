@@ -1,0 +1,102 @@
+//! `wharf server` and `wharf dev`.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context, Result};
+use wharf_server::{Node, NodeConfig, RaftSettings};
+
+use crate::cli::{DevArgs, RaftArgs, ServerArgs};
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn settings(args: &RaftArgs) -> RaftSettings {
+    RaftSettings {
+        heartbeat_ms: args.heartbeat_ms,
+        election_min_ms: args.election_min_ms,
+        election_max_ms: args.election_max_ms,
+        ..RaftSettings::default()
+    }
+}
+
+/// Parse `1=host:port,2=host:port,...`.
+pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((id, addr)) = part.split_once('=') else {
+            bail!("bad peer {part:?}: expected id=host:port");
+        };
+        let id: u64 = id.trim().parse().with_context(|| format!("bad node id in {part:?}"))?;
+        if addr.trim().is_empty() || !addr.contains(':') {
+            bail!("bad peer address in {part:?}: expected host:port");
+        }
+        if peers.insert(id, addr.trim().to_string()).is_some() {
+            bail!("node id {id} appears twice in --peers");
+        }
+    }
+    if peers.is_empty() {
+        bail!("--peers is empty");
+    }
+    Ok(peers)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+pub async fn server(args: ServerArgs) -> Result<()> {
+    init_logging();
+    let config = NodeConfig {
+        node_id: args.node_id,
+        listen: args.listen,
+        data_dir: args.data,
+        peers: parse_peers(&args.peers)?,
+        raft: settings(&args.raft),
+    };
+    let node = Node::start(config).await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    Ok(())
+}
+
+pub async fn dev(args: DevArgs) -> Result<()> {
+    init_logging();
+    let peers: BTreeMap<u64, String> =
+        (1..=3).map(|i| (i, format!("127.0.0.1:{}", 7000 + i))).collect();
+    let mut nodes = Vec::new();
+    for (id, addr) in &peers {
+        let config = NodeConfig {
+            node_id: *id,
+            listen: addr.parse()?,
+            data_dir: args.data.join(format!("node-{id}")),
+            peers: peers.clone(),
+            raft: settings(&args.raft),
+        };
+        nodes.push(Node::start(config).await?);
+    }
+    println!(
+        "Wharf dev cluster running on {} (data in {}). Press Ctrl-C to stop.",
+        peers.values().cloned().collect::<Vec<_>>().join(","),
+        args.data.display()
+    );
+    shutdown_signal().await;
+    for node in nodes {
+        node.shutdown().await;
+    }
+    Ok(())
+}
