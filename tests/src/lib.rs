@@ -1,1 +1,281 @@
-//! placeholder
+//! Test harness: real `wharf server` processes on loopback.
+//!
+//! `Cluster::start(3)` picks free ports, starts one `wharf server` process per
+//! node with its own data dir, and waits until the meta group has a leader.
+//! Nodes can be killed with SIGKILL, stopped with SIGTERM and restarted from
+//! their data dirs. Every wait is on a condition read from the cluster (status,
+//! consumer info), never a bare sleep. When a test panics the data dirs and
+//! node logs are kept and their path printed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use wharf_client::{proto as pb, Client};
+
+/// The `wharf` binary built for this test run (target/<profile>/wharf).
+pub fn wharf_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("WHARF_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = profile_dir.join("wharf");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first with `cargo build -p wharf` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+pub struct NodeProc {
+    pub id: u64,
+    pub addr: String,
+    pub data: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    peers: String,
+    dir: Option<tempfile::TempDir>,
+    /// Raft timing passed to every node.
+    pub extra_args: Vec<String>,
+}
+
+impl Cluster {
+    pub async fn start(n: u64) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("wharf-test-").tempdir()?;
+        let nodes: Vec<NodeProc> = (1..=n)
+            .map(|id| NodeProc {
+                id,
+                addr: format!("127.0.0.1:{}", free_port()),
+                data: dir.path().join(format!("node-{id}")),
+                child: None,
+            })
+            .collect();
+        let peers = nodes.iter().map(|p| format!("{}={}", p.id, p.addr)).collect::<Vec<_>>().join(",");
+        let mut cluster = Cluster { nodes, peers, dir: Some(dir), extra_args: Vec::new() };
+        for id in 1..=n {
+            cluster.spawn(id)?;
+        }
+        cluster.wait_meta_leader(Duration::from_secs(30)).await?;
+        Ok(cluster)
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut NodeProc {
+        self.nodes.iter_mut().find(|n| n.id == id).expect("node id")
+    }
+
+    pub fn node(&self, id: u64) -> &NodeProc {
+        self.nodes.iter().find(|n| n.id == id).expect("node id")
+    }
+
+    fn spawn(&mut self, id: u64) -> Result<()> {
+        let peers = self.peers.clone();
+        let extra = self.extra_args.clone();
+        let node = self.node_mut(id);
+        std::fs::create_dir_all(&node.data)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.data.with_extension("log"))?;
+        let child = Command::new(wharf_bin())
+            .args(["server", "--node-id", &id.to_string(), "--listen", &node.addr])
+            .arg("--data")
+            .arg(&node.data)
+            .args(["--peers", &peers])
+            .args(&extra)
+            .env("WHARF_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn wharf server")?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL: no chance to flush or hand anything over.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.node_mut(id).child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for the process to exit.
+    pub fn stop(&mut self, id: u64) {
+        if let Some(mut c) = self.node_mut(id).child.take() {
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        self.kill(id);
+        self.spawn(id)
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.node(id).child.is_some()
+    }
+
+    /// Client addresses of every node, comma-separated.
+    pub fn servers(&self) -> String {
+        self.nodes.iter().map(|n| n.addr.clone()).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.servers()).expect("client")
+    }
+
+    /// A client that talks to one node only.
+    pub fn client_of(&self, id: u64) -> Client {
+        Client::new(&self.node(id).addr).expect("client")
+    }
+
+    /// Run the CLI against this cluster.
+    pub fn wharf(&self, args: &[&str]) -> Output {
+        Command::new(wharf_bin())
+            .args(args)
+            .env("WHARF_SERVER", self.servers())
+            .output()
+            .expect("run wharf")
+    }
+
+    /// Start the CLI without waiting for it.
+    pub fn wharf_spawn(&self, args: &[&str]) -> Child {
+        Command::new(wharf_bin())
+            .args(args)
+            .env("WHARF_SERVER", self.servers())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn wharf")
+    }
+
+    /// Cluster status from the first running node that answers.
+    pub async fn status(&self) -> Result<pb::ClusterStatusResponse> {
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let c = Client::new(&n.addr)?.with_retry_for(Duration::from_millis(500));
+            if let Ok(s) = c.cluster_status().await {
+                return Ok(s);
+            }
+        }
+        bail!("no node answered cluster status")
+    }
+
+    pub async fn wait_meta_leader(&self, timeout: Duration) -> Result<u64> {
+        self.wait_group_leader("meta", timeout).await
+    }
+
+    /// Wait until a running node reports a leader for the named group that is
+    /// itself running, and every running replica agrees.
+    pub async fn wait_group_leader(&self, name: &str, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.agreed_leader(name).await {
+                return Ok(leader);
+            }
+            if Instant::now() > deadline {
+                bail!("no leader for group {name} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn agreed_leader(&self, name: &str) -> Option<u64> {
+        let mut seen = None;
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let c = Client::new(&n.addr).ok()?.with_retry_for(Duration::from_millis(300));
+            let s = c.cluster_status().await.ok()?;
+            let g = s.groups.iter().find(|g| g.name == name)?;
+            if !g.replicas.contains(&n.id) {
+                continue;
+            }
+            if g.leader == 0 || !self.is_running(g.leader) || seen.is_some_and(|l| l != g.leader) {
+                return None;
+            }
+            seen = Some(g.leader);
+        }
+        seen
+    }
+
+    pub fn logs_dir(&self) -> Option<&Path> {
+        self.dir.as_ref().map(|d| d.path())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                let path = dir.keep();
+                eprintln!("cluster data and node logs kept in {}", path.display());
+            }
+        }
+    }
+}
+
+/// Poll `f` until it returns Some, or fail after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Parse a CLI output as JSON, with the output in the error.
+pub fn json(out: &Output) -> Result<serde_json::Value> {
+    if !out.status.success() {
+        bail!(
+            "wharf failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!("not JSON: {}", String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

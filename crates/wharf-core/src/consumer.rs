@@ -197,7 +197,12 @@ impl ConsumerState {
     /// else (acked meanwhile, or not pending and not new) is skipped. `gone`
     /// lists stream seqs the stream no longer holds: they leave `pending`
     /// as if acked. Returns the deliveries actually made.
-    pub fn apply_deliver(&mut self, stream_seqs: &[u64], gone: &[u64], now_ms: i64) -> Vec<Delivery> {
+    pub fn apply_deliver(
+        &mut self,
+        stream_seqs: &[u64],
+        gone: &[u64],
+        now_ms: i64,
+    ) -> Vec<Delivery> {
         for seq in gone {
             self.remove_pending(*seq);
         }
@@ -303,12 +308,10 @@ impl ConsumerState {
     /// first, lazily. [`Self::due_for_redelivery`] collects it.
     pub fn due_iter(&self, now_ms: i64) -> impl Iterator<Item = u64> + '_ {
         let ack_wait_ms = self.ack_wait_ms_i64();
-        self.by_consumer_seq
-            .values()
-            .map_while(move |&seq| {
-                let p = self.pending.get(&seq)?;
-                (p.delivered_ms.saturating_add(ack_wait_ms) <= now_ms).then_some(seq)
-            })
+        self.by_consumer_seq.values().map_while(move |&seq| {
+            let p = self.pending.get(&seq)?;
+            (p.delivered_ms.saturating_add(ack_wait_ms) <= now_ms).then_some(seq)
+        })
     }
 
     /// Stream seqs whose AckWait has run out at `now_ms`

@@ -18,7 +18,10 @@ fn consumer(cfg: ConsumerConfig) -> ConsumerState {
 }
 
 fn pair(consumer_seq: u64, stream_seq: u64) -> SeqPair {
-    SeqPair { consumer_seq, stream_seq }
+    SeqPair {
+        consumer_seq,
+        stream_seq,
+    }
 }
 
 #[test]
@@ -33,31 +36,60 @@ fn defaults() {
     assert_eq!(c.max_ack_pending, 1000);
     assert_eq!(c.max_waiting, 512);
     assert_eq!(c.filter_subject, None);
-    let unlimited = ConsumerConfig { max_ack_pending: -7, ..c }.with_defaults();
+    let unlimited = ConsumerConfig {
+        max_ack_pending: -7,
+        ..c
+    }
+    .with_defaults();
     assert_eq!(unlimited.max_ack_pending, -1);
     assert_eq!(unlimited.validate(), Ok(()));
 }
 
 #[test]
 fn validate_and_update_rules() {
-    assert!(ConsumerConfig { name: "a b".into(), ..config() }.validate().is_err());
-    let bad_filter = ConsumerConfig { filter_subject: Some("a.>.b".into()), ..config() };
+    assert!(ConsumerConfig {
+        name: "a b".into(),
+        ..config()
+    }
+    .validate()
+    .is_err());
+    let bad_filter = ConsumerConfig {
+        filter_subject: Some("a.>.b".into()),
+        ..config()
+    };
     assert!(bad_filter.validate().is_err());
-    let no_wait = ConsumerConfig { ack_wait_ms: 0, ..config() };
+    let no_wait = ConsumerConfig {
+        ack_wait_ms: 0,
+        ..config()
+    };
     assert_eq!(
         no_wait.validate().unwrap_err().to_string(),
         "invalid consumer configuration: ack_wait_ms must be at least 1"
     );
 
-    let old = ConsumerConfig { filter_subject: Some("a".into()), ..config() };
-    let refilter = ConsumerConfig { filter_subject: Some("b".into()), ..old.clone() };
+    let old = ConsumerConfig {
+        filter_subject: Some("a".into()),
+        ..config()
+    };
+    let refilter = ConsumerConfig {
+        filter_subject: Some("b".into()),
+        ..old.clone()
+    };
     assert_eq!(
         old.check_update(&refilter).unwrap_err().to_string(),
         "cannot update consumer \"workers\": filter subject cannot be changed"
     );
-    let renamed = ConsumerConfig { name: "other".into(), ..old.clone() };
+    let renamed = ConsumerConfig {
+        name: "other".into(),
+        ..old.clone()
+    };
     assert!(old.check_update(&renamed).is_err());
-    let tuned = ConsumerConfig { ack_wait_ms: 5, max_ack_pending: 3, max_waiting: 9, ..old.clone() };
+    let tuned = ConsumerConfig {
+        ack_wait_ms: 5,
+        max_ack_pending: 3,
+        max_waiting: 9,
+        ..old.clone()
+    };
     assert_eq!(old.check_update(&tuned), Ok(()));
 }
 
@@ -68,8 +100,16 @@ fn first_deliveries_and_acks() {
     assert_eq!(
         d,
         vec![
-            Delivery { stream_seq: 4, consumer_seq: 1, deliveries: 1 },
-            Delivery { stream_seq: 6, consumer_seq: 2, deliveries: 1 },
+            Delivery {
+                stream_seq: 4,
+                consumer_seq: 1,
+                deliveries: 1
+            },
+            Delivery {
+                stream_seq: 6,
+                consumer_seq: 2,
+                deliveries: 1
+            },
         ]
     );
     assert_eq!(c.delivered(), pair(2, 6));
@@ -95,9 +135,23 @@ fn redelivery_takes_new_consumer_seq_and_counts_once() {
     assert_eq!(c.due_for_redelivery(1000, 1), vec![1]);
 
     let d = c.apply_deliver(&[1], &[], 1000);
-    assert_eq!(d, vec![Delivery { stream_seq: 1, consumer_seq: 3, deliveries: 2 }]);
+    assert_eq!(
+        d,
+        vec![Delivery {
+            stream_seq: 1,
+            consumer_seq: 3,
+            deliveries: 2
+        }]
+    );
     assert_eq!(c.num_redelivered(), 1);
-    assert_eq!(c.pending(1), Some(&Pending { consumer_seq: 3, deliveries: 2, delivered_ms: 1000 }));
+    assert_eq!(
+        c.pending(1),
+        Some(&Pending {
+            consumer_seq: 3,
+            deliveries: 2,
+            delivered_ms: 1000
+        })
+    );
     // Redelivery order follows the latest delivery: 2 is now oldest.
     assert_eq!(c.due_for_redelivery(2000, 10), vec![2, 1]);
     assert_eq!(c.ack_floor(), pair(1, 0));
@@ -119,7 +173,14 @@ fn gone_messages_leave_pending() {
     let mut c = consumer(config());
     c.apply_deliver(&[1, 2, 3], &[], 0);
     let d = c.apply_deliver(&[2], &[1, 42], 5000);
-    assert_eq!(d, vec![Delivery { stream_seq: 2, consumer_seq: 4, deliveries: 2 }]);
+    assert_eq!(
+        d,
+        vec![Delivery {
+            stream_seq: 2,
+            consumer_seq: 4,
+            deliveries: 2
+        }]
+    );
     assert_eq!(c.pending(1), None);
     assert_eq!(c.num_ack_pending(), 2);
     assert_eq!(c.ack_floor(), pair(2, 1));
@@ -144,8 +205,14 @@ fn ack_floor_never_moves_backwards() {
         c.apply_deliver(deliver, &[], i as i64 * 10);
         c.apply_ack(ack);
         let floor = c.ack_floor();
-        assert!(floor.stream_seq >= last.stream_seq, "step {i}: {floor:?} < {last:?}");
-        assert!(floor.consumer_seq >= last.consumer_seq, "step {i}: {floor:?} < {last:?}");
+        assert!(
+            floor.stream_seq >= last.stream_seq,
+            "step {i}: {floor:?} < {last:?}"
+        );
+        assert!(
+            floor.consumer_seq >= last.consumer_seq,
+            "step {i}: {floor:?} < {last:?}"
+        );
         assert!(floor.stream_seq <= c.delivered().stream_seq);
         assert!(floor.consumer_seq <= c.delivered().consumer_seq);
         last = floor;
@@ -165,7 +232,10 @@ fn delivery_time_never_goes_backwards() {
 
 #[test]
 fn max_ack_pending_gate() {
-    let mut c = consumer(ConsumerConfig { max_ack_pending: 3, ..config() });
+    let mut c = consumer(ConsumerConfig {
+        max_ack_pending: 3,
+        ..config()
+    });
     assert_eq!(c.ack_pending_room(0), 3);
     assert_eq!(c.ack_pending_room(2), 1);
     assert_eq!(c.ack_pending_room(5), 0);
@@ -175,11 +245,17 @@ fn max_ack_pending_gate() {
     c.apply_ack(&[1]);
     assert_eq!(c.ack_pending_room(0), 2);
 
-    let unlimited = consumer(ConsumerConfig { max_ack_pending: -1, ..config() });
+    let unlimited = consumer(ConsumerConfig {
+        max_ack_pending: -1,
+        ..config()
+    });
     assert_eq!(unlimited.ack_pending_room(1_000_000), usize::MAX);
 
     // Lowering the limit below what is pending leaves no room, no underflow.
-    let lower = ConsumerConfig { max_ack_pending: 1, ..c.config().clone() };
+    let lower = ConsumerConfig {
+        max_ack_pending: 1,
+        ..c.config().clone()
+    };
     c.update_config(lower).unwrap();
     c.apply_deliver(&[3, 4], &[], 0);
     assert_eq!(c.ack_pending_room(0), 0);
@@ -189,15 +265,26 @@ fn max_ack_pending_gate() {
 fn updated_ack_wait_applies_to_pending() {
     let mut c = consumer(config());
     c.apply_deliver(&[1], &[], 0);
-    let longer = ConsumerConfig { ack_wait_ms: 5000, ..c.config().clone() };
+    let longer = ConsumerConfig {
+        ack_wait_ms: 5000,
+        ..c.config().clone()
+    };
     c.update_config(longer).unwrap();
     assert_eq!(c.next_redelivery_ms(), Some(5000));
-    assert!(c.update_config(ConsumerConfig { name: "x".into(), ..config() }).is_err());
+    assert!(c
+        .update_config(ConsumerConfig {
+            name: "x".into(),
+            ..config()
+        })
+        .is_err());
 }
 
 #[test]
 fn huge_ack_wait_does_not_overflow() {
-    let mut c = consumer(ConsumerConfig { ack_wait_ms: u64::MAX, ..config() });
+    let mut c = consumer(ConsumerConfig {
+        ack_wait_ms: u64::MAX,
+        ..config()
+    });
     c.apply_deliver(&[1], &[], i64::MAX - 1);
     assert_eq!(c.next_redelivery_ms(), Some(i64::MAX));
     assert_eq!(c.due_for_redelivery(i64::MAX - 1, 10), Vec::<u64>::new());
@@ -212,5 +299,8 @@ fn state_round_trips_through_serde() {
     let json = serde_json::to_string(&c).unwrap();
     let back: ConsumerState = serde_json::from_str(&json).unwrap();
     assert_eq!(back, c);
-    assert_eq!(back.pending_iter().map(|(s, _)| s).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(
+        back.pending_iter().map(|(s, _)| s).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
 }

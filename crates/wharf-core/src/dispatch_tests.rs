@@ -38,7 +38,10 @@ fn publish(s: &mut StreamState, subject: &str, n: usize) {
 
 /// (session, stream_seq) of each assignment.
 fn who(plan: &Plan) -> Vec<(u64, u64)> {
-    plan.assignments.iter().map(|a| (a.session, a.stream_seq)).collect()
+    plan.assignments
+        .iter()
+        .map(|a| (a.session, a.stream_seq))
+        .collect()
 }
 
 /// Plans, applies and settles like the server does.
@@ -56,7 +59,10 @@ fn add_pull_errors() {
     d.add_pull(1, 1, 1, None, 2).unwrap();
     assert_eq!(
         d.add_pull(1, 1, 1, None, 2),
-        Err(CoreError::DuplicatePull { session: 1, pull_id: 1 })
+        Err(CoreError::DuplicatePull {
+            session: 1,
+            pull_id: 1
+        })
     );
     d.add_pull(2, 1, 1, None, 2).unwrap();
     let err = d.add_pull(3, 1, 1, None, 2).unwrap_err();
@@ -79,9 +85,16 @@ fn round_robin_across_pulls() {
     d.add_pull(3, 1, 2, None, 10).unwrap();
     let plan = dispatch(&mut d, &mut c, &s, 0);
     assert_eq!(who(&plan), vec![(1, 1), (2, 2), (3, 3), (1, 4), (3, 5)]);
-    let done: Vec<_> = plan.finished.iter().map(|f| (f.session, f.delivered, f.end)).collect();
+    let done: Vec<_> = plan
+        .finished
+        .iter()
+        .map(|f| (f.session, f.delivered, f.end))
+        .collect();
     assert_eq!(done, vec![(2, 1, PullEnd::Done), (3, 2, PullEnd::Done)]);
-    let left: Vec<_> = d.waiting().map(|w| (w.session, w.remaining, w.delivered)).collect();
+    let left: Vec<_> = d
+        .waiting()
+        .map(|w| (w.session, w.remaining, w.delivered))
+        .collect();
     assert_eq!(left, vec![(1, 1, 2)]);
 }
 
@@ -149,7 +162,11 @@ fn redeliveries_come_first_and_skip_inflight() {
     assert!(p.assignments[0].redelivery);
     // 1 is in flight: the next plan redelivers 2, then the new message 3.
     let p2 = d.plan(&c, &s, 1000, 100);
-    let got: Vec<_> = p2.assignments.iter().map(|a| (a.stream_seq, a.redelivery)).collect();
+    let got: Vec<_> = p2
+        .assignments
+        .iter()
+        .map(|a| (a.stream_seq, a.redelivery))
+        .collect();
     assert_eq!(got, vec![(2, true), (3, false)]);
 }
 
@@ -172,7 +189,11 @@ fn gone_messages_are_reported_not_delivered() {
     d.add_pull(1, 2, 5, None, 10).unwrap();
     let p = dispatch(&mut d, &mut c, &s, 1000);
     assert_eq!(p.gone, vec![1]);
-    let got: Vec<_> = p.assignments.iter().map(|a| (a.stream_seq, a.redelivery)).collect();
+    let got: Vec<_> = p
+        .assignments
+        .iter()
+        .map(|a| (a.stream_seq, a.redelivery))
+        .collect();
     assert_eq!(got, vec![(2, true), (3, false)]);
     assert_eq!(c.pending(1), None);
     assert_eq!(c.num_ack_pending(), 2);
@@ -189,7 +210,13 @@ fn filter_skips_other_subjects() {
     let mut d = Dispatcher::new();
     d.add_pull(1, 1, 10, None, 10).unwrap();
     assert_eq!(dispatch(&mut d, &mut c, &s, 0).stream_seqs(), vec![3, 5]);
-    assert_eq!(c.delivered(), SeqPair { consumer_seq: 2, stream_seq: 5 });
+    assert_eq!(
+        c.delivered(),
+        SeqPair {
+            consumer_seq: 2,
+            stream_seq: 5
+        }
+    );
 }
 
 #[test]
@@ -203,7 +230,12 @@ fn expiry_and_session_removal() {
     assert_eq!(d.expire(99), vec![]);
     assert_eq!(
         d.expire(100),
-        vec![FinishedPull { session: 2, pull_id: 1, delivered: 0, end: PullEnd::Expired }]
+        vec![FinishedPull {
+            session: 2,
+            pull_id: 1,
+            delivered: 0,
+            end: PullEnd::Expired
+        }]
     );
     assert_eq!(d.remove_session(1), 2);
     assert_eq!(d.remove_session(1), 0);

@@ -26,8 +26,8 @@ use std::ops::Bound;
 use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
-use crate::subject::{filters_overlap, subject_matches, validate_filter, validate_name};
 use crate::subject::validate_subject;
+use crate::subject::{filters_overlap, subject_matches, validate_filter, validate_name};
 
 /// Replication factor when the user does not ask for one.
 pub const DEFAULT_REPLICAS: u8 = 3;

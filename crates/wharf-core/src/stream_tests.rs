@@ -70,40 +70,100 @@ fn validate_refuses_bad_configs() {
         assert_eq!(cfg.validate().unwrap_err().to_string(), want);
     }
     assert_eq!(config(&["a.>", "b.*", "c"]).validate(), Ok(()));
-    assert_eq!(StreamConfig { replicas: 1, ..config(&["a"]) }.validate(), Ok(()));
+    assert_eq!(
+        StreamConfig {
+            replicas: 1,
+            ..config(&["a"])
+        }
+        .validate(),
+        Ok(())
+    );
 }
 
 #[test]
 fn check_update_fixes_name_and_replicas() {
     let old = config(&["a"]);
-    let renamed = StreamConfig { name: "OTHER".into(), ..old.clone() };
+    let renamed = StreamConfig {
+        name: "OTHER".into(),
+        ..old.clone()
+    };
     assert!(old.check_update(&renamed).is_err());
-    let r1 = StreamConfig { replicas: 1, ..old.clone() };
+    let r1 = StreamConfig {
+        replicas: 1,
+        ..old.clone()
+    };
     assert_eq!(
         old.check_update(&r1).unwrap_err().to_string(),
         "cannot update stream \"ORDERS\": replicas cannot be changed (3 -> 1)"
     );
-    let more = StreamConfig { subjects: vec!["a".into(), "b".into()], max_msgs: 5, ..old.clone() };
+    let more = StreamConfig {
+        subjects: vec!["a".into(), "b".into()],
+        max_msgs: 5,
+        ..old.clone()
+    };
     assert_eq!(old.check_update(&more), Ok(()));
-    let broken = StreamConfig { subjects: vec![], ..old.clone() };
+    let broken = StreamConfig {
+        subjects: vec![],
+        ..old.clone()
+    };
     assert!(old.check_update(&broken).is_err());
 }
 
 #[test]
 fn sequences_start_at_one_and_are_never_reused() {
-    let mut s = stream(StreamConfig { max_msgs: 1, ..config(&["a"]) });
-    assert_eq!(s.stats(), StreamStats { messages: 0, bytes: 0, first_seq: 1, last_seq: 0 });
-    assert_eq!(s.append("a", 5, 0).unwrap(), Appended { seq: 1, removed: vec![] });
-    assert_eq!(s.append("a", 5, 0).unwrap(), Appended { seq: 2, removed: vec![1] });
-    assert_eq!(s.append("a", 5, 0).unwrap(), Appended { seq: 3, removed: vec![2] });
-    assert_eq!(s.stats(), StreamStats { messages: 1, bytes: 5, first_seq: 3, last_seq: 3 });
+    let mut s = stream(StreamConfig {
+        max_msgs: 1,
+        ..config(&["a"])
+    });
+    assert_eq!(
+        s.stats(),
+        StreamStats {
+            messages: 0,
+            bytes: 0,
+            first_seq: 1,
+            last_seq: 0
+        }
+    );
+    assert_eq!(
+        s.append("a", 5, 0).unwrap(),
+        Appended {
+            seq: 1,
+            removed: vec![]
+        }
+    );
+    assert_eq!(
+        s.append("a", 5, 0).unwrap(),
+        Appended {
+            seq: 2,
+            removed: vec![1]
+        }
+    );
+    assert_eq!(
+        s.append("a", 5, 0).unwrap(),
+        Appended {
+            seq: 3,
+            removed: vec![2]
+        }
+    );
+    assert_eq!(
+        s.stats(),
+        StreamStats {
+            messages: 1,
+            bytes: 5,
+            first_seq: 3,
+            last_seq: 3
+        }
+    );
     assert!(s.get(2).is_none());
     assert_eq!(s.get(3).map(|m| m.size), Some(5));
 }
 
 #[test]
 fn append_errors() {
-    let mut s = stream(StreamConfig { max_msg_size: 100, ..config(&["orders.>"]) });
+    let mut s = stream(StreamConfig {
+        max_msg_size: 100,
+        ..config(&["orders.>"])
+    });
     assert_eq!(
         s.append("payments.x", 1, 0).unwrap_err().to_string(),
         "subject \"payments.x\" is not bound to stream \"ORDERS\""
@@ -127,12 +187,23 @@ fn append_errors() {
 
 #[test]
 fn max_bytes_discards_old() {
-    let mut s = stream(StreamConfig { max_bytes: 25, ..config(&["a"]) });
+    let mut s = stream(StreamConfig {
+        max_bytes: 25,
+        ..config(&["a"])
+    });
     s.append("a", 10, 0).unwrap();
     s.append("a", 10, 0).unwrap();
     assert_eq!(s.append("a", 10, 0).unwrap().removed, vec![1]);
     assert_eq!(s.append("a", 20, 0).unwrap().removed, vec![2, 3]);
-    assert_eq!(s.stats(), StreamStats { messages: 1, bytes: 20, first_seq: 4, last_seq: 4 });
+    assert_eq!(
+        s.stats(),
+        StreamStats {
+            messages: 1,
+            bytes: 20,
+            first_seq: 4,
+            last_seq: 4
+        }
+    );
     assert_eq!(
         s.append("a", 26, 0).unwrap_err().to_string(),
         "message size 26 exceeds the stream's max_bytes of 25"
@@ -142,20 +213,40 @@ fn max_bytes_discards_old() {
 
 #[test]
 fn max_age_expires() {
-    let mut s = stream(StreamConfig { max_age_ms: 1000, ..config(&["a"]) });
+    let mut s = stream(StreamConfig {
+        max_age_ms: 1000,
+        ..config(&["a"])
+    });
     s.append("a", 1, 0).unwrap();
     s.append("a", 1, 500).unwrap();
     assert_eq!(s.expire(999), Vec::<u64>::new());
     assert_eq!(s.expire(1000), vec![1]);
     // Appending also expires.
-    assert_eq!(s.append("a", 1, 1600).unwrap(), Appended { seq: 3, removed: vec![2] });
+    assert_eq!(
+        s.append("a", 1, 1600).unwrap(),
+        Appended {
+            seq: 3,
+            removed: vec![2]
+        }
+    );
     assert_eq!(s.expire(i64::MAX), vec![3]);
-    assert_eq!(s.stats(), StreamStats { messages: 0, bytes: 0, first_seq: 4, last_seq: 3 });
+    assert_eq!(
+        s.stats(),
+        StreamStats {
+            messages: 0,
+            bytes: 0,
+            first_seq: 4,
+            last_seq: 3
+        }
+    );
 }
 
 #[test]
 fn publish_time_never_goes_backwards() {
-    let mut s = stream(StreamConfig { max_age_ms: 100, ..config(&["a"]) });
+    let mut s = stream(StreamConfig {
+        max_age_ms: 100,
+        ..config(&["a"])
+    });
     s.append("a", 1, 1000).unwrap();
     s.append("a", 1, 10).unwrap(); // a clock behind the previous leader's
     assert_eq!(s.get(2).unwrap().published_ms, 1000);
@@ -176,14 +267,23 @@ fn update_config_enforces_new_limits() {
     for _ in 0..5 {
         s.append("a", 1, 0).unwrap();
     }
-    let tighter = StreamConfig { max_msgs: 2, ..s.config().clone() };
+    let tighter = StreamConfig {
+        max_msgs: 2,
+        ..s.config().clone()
+    };
     assert_eq!(s.update_config(tighter, 0), Ok(vec![1, 2, 3]));
     assert_eq!(s.config().max_msgs, 2);
-    let bad = StreamConfig { replicas: 1, ..s.config().clone() };
+    let bad = StreamConfig {
+        replicas: 1,
+        ..s.config().clone()
+    };
     assert!(s.update_config(bad, 0).is_err());
     assert_eq!(s.config().replicas, 3);
     // Dropping a subject: new publishes to it are refused, stored ones stay.
-    let only_b = StreamConfig { subjects: vec!["b".into()], ..s.config().clone() };
+    let only_b = StreamConfig {
+        subjects: vec!["b".into()],
+        ..s.config().clone()
+    };
     assert_eq!(s.update_config(only_b, 0), Ok(vec![]));
     assert!(s.append("a", 1, 0).is_err());
     assert_eq!(s.stats().messages, 2);
@@ -192,7 +292,12 @@ fn update_config_enforces_new_limits() {
 #[test]
 fn matching_lookups() {
     let mut s = stream(config(&["orders.>"]));
-    for subj in ["orders.created", "orders.shipped", "orders.created", "orders.shipped"] {
+    for subj in [
+        "orders.created",
+        "orders.shipped",
+        "orders.created",
+        "orders.shipped",
+    ] {
         s.append(subj, 1, 0).unwrap();
     }
     assert_eq!(s.next_matching(0, None), Some(1));
@@ -209,7 +314,10 @@ fn matching_lookups() {
 
 #[test]
 fn state_round_trips_through_serde() {
-    let mut s = stream(StreamConfig { max_msgs: 3, ..config(&["a"]) });
+    let mut s = stream(StreamConfig {
+        max_msgs: 3,
+        ..config(&["a"])
+    });
     for t in 0..5 {
         s.append("a", 7, t).unwrap();
     }

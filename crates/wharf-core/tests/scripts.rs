@@ -107,7 +107,10 @@ impl Harness {
                 let batch = args.need("batch")?;
                 let expires = args.take("expires")?;
                 let max_waiting = self.consumer()?.config().max_waiting;
-                match self.dispatcher.add_pull(session, id, batch, expires, max_waiting) {
+                match self
+                    .dispatcher
+                    .add_pull(session, id, batch, expires, max_waiting)
+                {
                     Ok(()) => Ok(vec![]),
                     Err(e) => Ok(vec![format!("error: {e}")]),
                 }
@@ -139,7 +142,9 @@ impl Harness {
                     .collect();
                 out.extend(plan.gone.iter().map(|s| format!("gone stream_seq={s}")));
                 out.extend(plan.finished.iter().map(finished));
-                self.proposed.push_back(plan);
+                if !plan.assignments.is_empty() || !plan.gone.is_empty() {
+                    self.proposed.push_back(plan);
+                }
                 Ok(nothing_if_empty(out))
             }
             "commit" => {
@@ -159,8 +164,12 @@ impl Harness {
                 Ok(vec![format!("acked {n}")])
             }
             "expire" => {
-                let mut out: Vec<String> =
-                    self.dispatcher.expire(self.now_ms).iter().map(finished).collect();
+                let mut out: Vec<String> = self
+                    .dispatcher
+                    .expire(self.now_ms)
+                    .iter()
+                    .map(finished)
+                    .collect();
                 let now = self.now_ms;
                 let removed = self.stream_mut()?.expire(now);
                 if !removed.is_empty() {
@@ -243,7 +252,11 @@ impl Harness {
     }
 
     fn publish(&mut self, args: &mut Args) -> Out {
-        let subject = args.words.first().cloned().ok_or("publish needs a subject")?;
+        let subject = args
+            .words
+            .first()
+            .cloned()
+            .ok_or("publish needs a subject")?;
         let size = args.take("size")?.unwrap_or(10);
         let count = args.take("count")?.unwrap_or(1);
         let now = self.now_ms;
@@ -275,16 +288,18 @@ impl Harness {
         self.dispatcher.settle(&seqs);
         let mut out = Vec::new();
         for a in &plan.assignments {
-            out.push(match deliveries.iter().find(|d| d.stream_seq == a.stream_seq) {
-                Some(d) => format!(
-                    "session={} pull={} stream_seq={} consumer_seq={} deliveries={}",
-                    a.session, a.pull_id, d.stream_seq, d.consumer_seq, d.deliveries
-                ),
-                None => format!(
-                    "skipped session={} pull={} stream_seq={}",
-                    a.session, a.pull_id, a.stream_seq
-                ),
-            });
+            out.push(
+                match deliveries.iter().find(|d| d.stream_seq == a.stream_seq) {
+                    Some(d) => format!(
+                        "session={} pull={} stream_seq={} consumer_seq={} deliveries={}",
+                        a.session, a.pull_id, d.stream_seq, d.consumer_seq, d.deliveries
+                    ),
+                    None => format!(
+                        "skipped session={} pull={} stream_seq={}",
+                        a.session, a.pull_id, a.stream_seq
+                    ),
+                },
+            );
         }
         out.extend(plan.gone.iter().map(|s| format!("gone stream_seq={s}")));
         Ok(out)
@@ -301,8 +316,14 @@ impl Harness {
         }
         let c = self.consumer()?;
         let (d, f) = (c.delivered(), c.ack_floor());
-        out.push(format!("delivered: consumer_seq={} stream_seq={}", d.consumer_seq, d.stream_seq));
-        out.push(format!("ack_floor: consumer_seq={} stream_seq={}", f.consumer_seq, f.stream_seq));
+        out.push(format!(
+            "delivered: consumer_seq={} stream_seq={}",
+            d.consumer_seq, d.stream_seq
+        ));
+        out.push(format!(
+            "ack_floor: consumer_seq={} stream_seq={}",
+            f.consumer_seq, f.stream_seq
+        ));
         for (seq, p) in c.pending_iter() {
             out.push(format!(
                 "pending: stream_seq={seq} consumer_seq={} deliveries={} delivered_ms={}",
@@ -333,11 +354,15 @@ impl Harness {
     }
 
     fn consumer(&self) -> Result<&ConsumerState, String> {
-        self.consumer.as_ref().ok_or_else(|| "no consumer yet".into())
+        self.consumer
+            .as_ref()
+            .ok_or_else(|| "no consumer yet".into())
     }
 
     fn consumer_mut(&mut self) -> Result<&mut ConsumerState, String> {
-        self.consumer.as_mut().ok_or_else(|| "no consumer yet".into())
+        self.consumer
+            .as_mut()
+            .ok_or_else(|| "no consumer yet".into())
     }
 
     fn stream_mut(&mut self) -> Result<&mut StreamState, String> {
@@ -365,7 +390,10 @@ fn nothing_if_empty(out: Vec<String>) -> Vec<String> {
 }
 
 fn join(seqs: &[u64]) -> String {
-    seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+    seqs.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Runs one script; returns the regenerated text and a description of
@@ -395,7 +423,10 @@ fn run_script(path: &Path, text: &str) -> (String, Vec<String>) {
             i += 1;
         }
         let actual = harness.run(cmd).unwrap_or_else(|e| {
-            panic!("{}:{cmd_line}: script error in {cmd:?}: {e}", path.display())
+            panic!(
+                "{}:{cmd_line}: script error in {cmd:?}: {e}",
+                path.display()
+            )
         });
         if actual != expected {
             mismatches.push(format!(
@@ -428,7 +459,11 @@ fn script_paths() -> Vec<PathBuf> {
 fn scripts() {
     let update = std::env::var_os("UPDATE_SCRIPTS").is_some();
     let paths = script_paths();
-    assert!(paths.len() >= 9, "expected the script files, found {}", paths.len());
+    assert!(
+        paths.len() >= 9,
+        "expected the script files, found {}",
+        paths.len()
+    );
     let mut failures = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(&path).expect("readable script");

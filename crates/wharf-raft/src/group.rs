@@ -18,6 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
+use openraft::errors::ForwardReason;
 use openraft::errors::LinearizableReadError;
 use openraft::RaftMetrics;
 use openraft::ReadPolicy;
@@ -46,6 +47,8 @@ struct GroupInner {
     sm: SharedStateMachine,
     status: watch::Receiver<GroupStatus>,
     read_timeout: Duration,
+    /// How long `write` retries on a leader whose lease is not confirmed.
+    lease_wait: Duration,
 }
 
 fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
@@ -66,18 +69,27 @@ fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
         leader: m.current_leader,
         term: m.current_term,
         last_log_index: m.last_log_index.unwrap_or(0),
-        committed: m.committed.as_ref().map(|l| l.index).unwrap_or(0),
+        committed: m.local_committed.as_ref().map(|l| l.index).unwrap_or(0),
         last_applied: m.last_applied.as_ref().map(|l| l.index).unwrap_or(0),
         voters: m.membership_config.membership().voter_ids().collect(),
     }
 }
+
+/// Poll interval while a new leader's lease is being confirmed.
+const LEASE_RETRY: Duration = Duration::from_millis(10);
 
 fn fatal<E: std::fmt::Display>(e: E) -> RaftError {
     RaftError::Stopped(e.to_string())
 }
 
 impl Group {
-    pub(crate) fn new(id: GroupId, raft: WharfRaft, sm: SharedStateMachine, read_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        id: GroupId,
+        raft: WharfRaft,
+        sm: SharedStateMachine,
+        read_timeout: Duration,
+        lease_wait: Duration,
+    ) -> Self {
         let mut metrics = raft.metrics();
         let initial = status_from(id, &metrics.borrow_watched());
         let (tx, rx) = watch::channel(initial);
@@ -102,6 +114,7 @@ impl Group {
                 sm,
                 status: rx,
                 read_timeout,
+                lease_wait,
             }),
         }
     }
@@ -123,16 +136,34 @@ impl Group {
     /// Propose a command; resolves with the state machine's response once
     /// committed and applied. Not leader -> `RaftError::NotLeader`.
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>, RaftError> {
-        match self.inner.raft.client_write(Cmd(Bytes::from(command))).await {
-            Ok(resp) => Ok(Vec::from(resp.data.0)),
-            Err(openraft::errors::RaftError::APIError(e)) => Err(match e {
-                ClientWriteError::ForwardToLeader(f) => RaftError::NotLeader { leader: f.leader_id },
-                // Outcome unknown: the server must treat it like NotLeader and
-                // rely on deduplication (see `RaftError::NotLeader`).
-                ClientWriteError::LogEntryDiscarded(f) => RaftError::NotLeader { leader: f.leader_id },
-                other => RaftError::Config(other.to_string()),
-            }),
-            Err(openraft::errors::RaftError::Fatal(f)) => Err(fatal(f)),
+        let cmd = Cmd(Bytes::from(command));
+        let lease_deadline = tokio::time::Instant::now() + self.inner.lease_wait;
+        loop {
+            match self.inner.raft.client_write(cmd.clone()).await {
+                Ok(resp) => return Ok(Vec::from(resp.data.0)),
+                Err(openraft::errors::RaftError::APIError(e)) => match e {
+                    // A leader whose quorum lease is not (yet, or no longer)
+                    // confirmed refuses writes without appending them, e.g.
+                    // right after its election. Safe to retry briefly: either
+                    // the heartbeats confirm it or it steps down.
+                    ClientWriteError::ForwardToLeader(f)
+                        if f.reason == ForwardReason::LeaseExpired
+                            && tokio::time::Instant::now() < lease_deadline =>
+                    {
+                        tokio::time::sleep(LEASE_RETRY).await;
+                    }
+                    ClientWriteError::ForwardToLeader(f) => {
+                        return Err(RaftError::NotLeader { leader: f.leader_id })
+                    }
+                    // Outcome unknown: the server must treat it like NotLeader
+                    // and rely on deduplication (see `RaftError::NotLeader`).
+                    ClientWriteError::LogEntryDiscarded(f) => {
+                        return Err(RaftError::NotLeader { leader: f.leader_id })
+                    }
+                    other => return Err(RaftError::Config(other.to_string())),
+                },
+                Err(openraft::errors::RaftError::Fatal(f)) => return Err(fatal(f)),
+            }
         }
     }
 

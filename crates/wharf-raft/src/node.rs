@@ -73,6 +73,7 @@ pub struct RaftNode {
     node_id: NodeId,
     config: Arc<Config>,
     read_timeout: Duration,
+    lease_wait: Duration,
     db: sled::Db,
     flusher: Flusher,
     flusher_task: tokio::sync::Mutex<FlusherTask>,
@@ -120,6 +121,7 @@ impl RaftNode {
             node_id,
             config: Arc::new(config),
             read_timeout: Duration::from_millis(settings.election_max_ms.saturating_mul(3)),
+            lease_wait: Duration::from_millis(settings.election_max_ms),
             db,
             flusher,
             flusher_task: tokio::sync::Mutex::new(flusher_task),
@@ -189,7 +191,7 @@ impl RaftNode {
                 return Err(e);
             }
         }
-        let group = Group::new(group_id, raft, sm, self.read_timeout);
+        let group = Group::new(group_id, raft, sm, self.read_timeout, self.lease_wait);
         self.groups_write().insert(group_id, group.clone());
         tracing::info!(group_id, node_id = self.node_id, "raft group started");
         Ok(group)

@@ -12,7 +12,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use wharf_raft::Group;
-use wharf_raft::GroupStatus;
 use wharf_raft::NodeId;
 use wharf_raft::RaftError;
 use wharf_raft::RaftNode;
@@ -140,10 +139,6 @@ async fn write_n(g: &Group, n: u64) -> u64 {
     last
 }
 
-fn applied_at_least(index: u64) -> impl Fn(&GroupStatus) -> bool {
-    move |s| s.last_applied >= index
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_and_fail_over() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -185,11 +180,11 @@ async fn three_nodes_replicate_and_fail_over() {
     }
 
     assert_eq!(write_n(&groups[li], 100).await, 100);
+    // The status watch changes after each apply, so a predicate on the state
+    // machine is re-checked whenever it can have changed.
     groups[li].ensure_linearizable().await.expect("read barrier on the leader");
-    let target = groups[li].status().last_applied;
     for (g, c) in groups.iter().zip(&counters) {
-        g.wait_for(WAIT, applied_at_least(target)).await.expect("replica catches up");
-        assert_eq!(count_of(c), 100);
+        g.wait_for(WAIT, |_| count_of(c) == 100).await.expect("replica catches up");
     }
 
     // Kill the leader's node; the other two elect a new leader and go on.
@@ -208,10 +203,8 @@ async fn three_nodes_replicate_and_fail_over() {
     assert_ne!(new_leader, leader);
     let ni = nodes.iter().position(|n| n.id == new_leader).unwrap();
     assert_eq!(write_n(&groups[ni], 10).await, 110);
-    let target = groups[ni].status().last_applied;
     for (g, c) in groups.iter().zip(&counters) {
-        g.wait_for(WAIT, applied_at_least(target)).await.unwrap();
-        assert_eq!(count_of(c), 110);
+        g.wait_for(WAIT, |_| count_of(c) == 110).await.expect("replica catches up");
     }
 
     for n in nodes {
@@ -231,7 +224,6 @@ async fn restart_replays(settings: RaftSettings, writes: u64) {
     let g = n.node.start_group(GROUP, members.clone(), sm).await.unwrap();
     g.wait_for(WAIT, |s| s.role == Role::Leader).await.unwrap();
     assert_eq!(write_n(&g, writes).await, writes);
-    let applied = g.status().last_applied;
     drop(g);
     n.kill().await;
 
@@ -239,8 +231,8 @@ async fn restart_replays(settings: RaftSettings, writes: u64) {
     let n = TestNode::start(1, dir.path(), l, settings).await;
     let (c2, sm) = counter();
     let g = n.node.start_group(GROUP, members, sm).await.unwrap();
-    g.wait_for(WAIT, applied_at_least(applied)).await.expect("replayed");
-    assert_eq!(count_of(&c2), count_of(&c));
+    g.wait_for(WAIT, |_| count_of(&c2) == writes).await.expect("replayed");
+    assert_eq!(count_of(&c), writes);
     // Still writable after the restart.
     g.wait_for(WAIT, |s| s.role == Role::Leader).await.unwrap();
     assert_eq!(write_n(&g, 1).await, writes + 1);

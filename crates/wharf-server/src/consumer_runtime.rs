@@ -186,7 +186,8 @@ impl Runner {
                 self.ctx.stream, self.ctx.name
             ))));
         }
-        self.dispatcher.reset();
+        // Waiting pulls belong to the sessions just closed.
+        self.dispatcher = Dispatcher::new();
         self.no_wait.clear();
         self.pull_inflight.clear();
         self.pull_end.clear();

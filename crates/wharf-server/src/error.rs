@@ -37,7 +37,10 @@ pub type Result<T, E = ServerError> = std::result::Result<T, E>;
 
 impl From<wharf_core::CoreError> for ServerError {
     fn from(e: wharf_core::CoreError) -> Self {
-        ServerError::Invalid(e.to_string())
+        match e {
+            wharf_core::CoreError::TooManyWaiting { .. } => ServerError::Exhausted(e.to_string()),
+            _ => ServerError::Invalid(e.to_string()),
+        }
     }
 }
 

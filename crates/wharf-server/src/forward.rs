@@ -33,10 +33,6 @@ impl Peers {
         Peers { addrs, clients: Mutex::new(HashMap::new()) }
     }
 
-    pub fn addr(&self, node: NodeId) -> Option<&String> {
-        self.addrs.get(&node)
-    }
-
     pub fn client(&self, node: NodeId) -> Result<WharfClient<Channel>> {
         let mut clients = self.clients.lock().map_err(|_| ServerError::Internal("poisoned".into()))?;
         if let Some(c) = clients.get(&node) {

@@ -74,10 +74,6 @@ impl StreamMachine {
         self.state.stats()
     }
 
-    pub fn tree(&self) -> &sled::Tree {
-        &self.tree
-    }
-
     fn publish(&mut self, now_ms: i64, items: Vec<PublishItem>) -> PublishResults {
         let mut batch = sled::Batch::default();
         let mut results = Vec::with_capacity(items.len());
