@@ -4,8 +4,8 @@
 //! node with its own data dir, and waits until the meta group has a leader.
 //! Nodes can be killed with SIGKILL, stopped with SIGTERM and restarted from
 //! their data dirs. Every wait is on a condition read from the cluster (status,
-//! consumer info), never a bare sleep. When a test panics the data dirs and
-//! node logs are kept and their path printed.
+//! consumer info), never a bare sleep. When a test panics (or WHARF_TEST_KEEP
+//! is set) the data dirs and node logs are kept and their path printed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -61,8 +61,17 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let peers = nodes.iter().map(|p| format!("{}={}", p.id, p.addr)).collect::<Vec<_>>().join(",");
-        let mut cluster = Cluster { nodes, peers, dir: Some(dir), extra_args: Vec::new() };
+        let peers = nodes
+            .iter()
+            .map(|p| format!("{}={}", p.id, p.addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            nodes,
+            peers,
+            dir: Some(dir),
+            extra_args: Vec::new(),
+        };
         for id in 1..=n {
             cluster.spawn(id)?;
         }
@@ -88,7 +97,13 @@ impl Cluster {
             .append(true)
             .open(node.data.with_extension("log"))?;
         let child = Command::new(wharf_bin())
-            .args(["server", "--node-id", &id.to_string(), "--listen", &node.addr])
+            .args([
+                "server",
+                "--node-id",
+                &id.to_string(),
+                "--listen",
+                &node.addr,
+            ])
             .arg("--data")
             .arg(&node.data)
             .args(["--peers", &peers])
@@ -114,7 +129,9 @@ impl Cluster {
     /// SIGTERM and wait for the process to exit.
     pub fn stop(&mut self, id: u64) {
         if let Some(mut c) = self.node_mut(id).child.take() {
-            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
             let deadline = Instant::now() + Duration::from_secs(15);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
@@ -138,7 +155,11 @@ impl Cluster {
 
     /// Client addresses of every node, comma-separated.
     pub fn servers(&self) -> String {
-        self.nodes.iter().map(|n| n.addr.clone()).collect::<Vec<_>>().join(",")
+        self.nodes
+            .iter()
+            .map(|n| n.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     pub fn client(&self) -> Client {
@@ -203,7 +224,9 @@ impl Cluster {
     async fn agreed_leader(&self, name: &str) -> Option<u64> {
         let mut seen = None;
         for n in self.nodes.iter().filter(|n| n.child.is_some()) {
-            let c = Client::new(&n.addr).ok()?.with_retry_for(Duration::from_millis(300));
+            let c = Client::new(&n.addr)
+                .ok()?
+                .with_retry_for(Duration::from_millis(300));
             let s = c.cluster_status().await.ok()?;
             let g = s.groups.iter().find(|g| g.name == name)?;
             if !g.replicas.contains(&n.id) {
@@ -230,7 +253,7 @@ impl Drop for Cluster {
                 let _ = c.wait();
             }
         }
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("WHARF_TEST_KEEP").is_some() {
             if let Some(dir) = self.dir.take() {
                 let path = dir.keep();
                 eprintln!("cluster data and node logs kept in {}", path.display());
@@ -267,9 +290,8 @@ pub fn json(out: &Output) -> Result<serde_json::Value> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!("not JSON: {}", String::from_utf8_lossy(&out.stdout))
-    })
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 pub fn stdout(out: &Output) -> String {

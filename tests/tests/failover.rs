@@ -23,9 +23,15 @@ async fn kill_leader_under_load(group: &str) -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
-    let config = pb::ConsumerConfig { name: "shipping".into(), ack_wait_ms: 2000, ..Default::default() };
+    let config = pb::ConsumerConfig {
+        name: "shipping".into(),
+        ack_wait_ms: 2000,
+        ..Default::default()
+    };
     client.add_consumer("ORDERS", config).await?;
-    cluster.wait_group_leader("ORDERS/shipping", Duration::from_secs(20)).await?;
+    cluster
+        .wait_group_leader("ORDERS/shipping", Duration::from_secs(20))
+        .await?;
 
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
     let processed: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -38,7 +44,10 @@ async fn kill_leader_under_load(group: &str) -> anyhow::Result<()> {
         publishers.push(tokio::spawn(async move {
             for i in 0..PER_PUBLISHER {
                 let id = format!("p{p}-{i}");
-                client.publish("orders.created", id.clone()).await.expect("publish rides through failover");
+                client
+                    .publish("orders.created", id.clone())
+                    .await
+                    .expect("publish rides through failover");
                 acked.lock().unwrap().insert(id);
                 published.fetch_add(1, Ordering::SeqCst);
             }
@@ -50,10 +59,19 @@ async fn kill_leader_under_load(group: &str) -> anyhow::Result<()> {
         workers.push(tokio::spawn(async move {
             let mut consumer = client.consumer("ORDERS", "shipping");
             while !stop.load(Ordering::SeqCst) {
-                let batch = consumer.fetch(10, Duration::from_millis(500)).await.expect("fetch rides through failover");
+                let batch = consumer
+                    .fetch(10, Duration::from_millis(500))
+                    .await
+                    .expect("fetch rides through failover");
                 for m in batch {
-                    processed.lock().unwrap().insert(String::from_utf8_lossy(&m.payload).into_owned());
-                    consumer.ack(m.stream_seq).await.expect("ack rides through failover");
+                    processed
+                        .lock()
+                        .unwrap()
+                        .insert(String::from_utf8_lossy(&m.payload).into_owned());
+                    consumer
+                        .ack(m.stream_seq)
+                        .await
+                        .expect("ack rides through failover");
                 }
             }
         }));
@@ -64,21 +82,32 @@ async fn kill_leader_under_load(group: &str) -> anyhow::Result<()> {
         (published.load(Ordering::SeqCst) >= 500).then_some(())
     })
     .await?;
-    let leader = cluster.wait_group_leader(group, Duration::from_secs(10)).await?;
+    let leader = cluster
+        .wait_group_leader(group, Duration::from_secs(10))
+        .await?;
     cluster.kill(leader);
     eprintln!("killed node {leader} leading {group}");
-    let new_leader = cluster.wait_group_leader(group, Duration::from_secs(20)).await?;
+    let new_leader = cluster
+        .wait_group_leader(group, Duration::from_secs(20))
+        .await?;
     assert_ne!(new_leader, leader);
 
     for p in publishers {
         p.await?;
     }
-    assert_eq!(acked.lock().unwrap().len() as u64, PUBLISHERS * PER_PUBLISHER);
-    eventually("every acknowledged publish processed", Duration::from_secs(90), || async {
-        let acked = acked.lock().unwrap().clone();
-        let processed = processed.lock().unwrap();
-        acked.iter().all(|id| processed.contains(id)).then_some(())
-    })
+    assert_eq!(
+        acked.lock().unwrap().len() as u64,
+        PUBLISHERS * PER_PUBLISHER
+    );
+    eventually(
+        "every acknowledged publish processed",
+        Duration::from_secs(90),
+        || async {
+            let acked = acked.lock().unwrap().clone();
+            let processed = processed.lock().unwrap();
+            acked.iter().all(|id| processed.contains(id)).then_some(())
+        },
+    )
     .await?;
     eventually("nothing outstanding", Duration::from_secs(30), || async {
         let info = client.consumer_info("ORDERS", "shipping").await.ok()?;

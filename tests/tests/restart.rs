@@ -11,15 +11,30 @@ async fn whole_cluster_restart_keeps_streams_consumers_and_positions() -> anyhow
     let mut cluster = Cluster::start(3).await?;
     let client = cluster.client();
     client
-        .add_stream(pb::StreamConfig { name: "ORDERS".into(), subjects: vec!["orders.>".into()], ..Default::default() })
+        .add_stream(pb::StreamConfig {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            ..Default::default()
+        })
         .await?;
     client
-        .add_stream(pb::StreamConfig { name: "AUDIT".into(), subjects: vec!["audit".into()], replicas: 1, ..Default::default() })
+        .add_stream(pb::StreamConfig {
+            name: "AUDIT".into(),
+            subjects: vec!["audit".into()],
+            replicas: 1,
+            ..Default::default()
+        })
         .await?;
-    let config = pb::ConsumerConfig { name: "shipping".into(), ack_wait_ms: 60_000, ..Default::default() };
+    let config = pb::ConsumerConfig {
+        name: "shipping".into(),
+        ack_wait_ms: 60_000,
+        ..Default::default()
+    };
     client.add_consumer("ORDERS", config).await?;
     for i in 1..=10 {
-        let ack = client.publish("orders.created", format!("order-{i}")).await?;
+        let ack = client
+            .publish("orders.created", format!("order-{i}"))
+            .await?;
         assert_eq!(ack.seq, i);
     }
     client.publish("audit", "audit-1").await?;
@@ -45,16 +60,23 @@ async fn whole_cluster_restart_keeps_streams_consumers_and_positions() -> anyhow
         cluster.restart(id)?;
     }
     cluster.wait_meta_leader(Duration::from_secs(30)).await?;
-    cluster.wait_group_leader("ORDERS/shipping", Duration::from_secs(30)).await?;
+    cluster
+        .wait_group_leader("ORDERS/shipping", Duration::from_secs(30))
+        .await?;
 
     let stream = client.stream_info("ORDERS").await?;
     let state = stream.state.unwrap_or_default();
-    assert_eq!((state.messages, state.first_seq, state.last_seq), (10, 1, 10));
+    assert_eq!(
+        (state.messages, state.first_seq, state.last_seq),
+        (10, 1, 10)
+    );
     let audit = client.stream_info("AUDIT").await?.state.unwrap_or_default();
     assert_eq!(audit.messages, 1);
-    let after = eventually("consumer info after restart", Duration::from_secs(20), || async {
-        client.consumer_info("ORDERS", "shipping").await.ok()
-    })
+    let after = eventually(
+        "consumer info after restart",
+        Duration::from_secs(20),
+        || async { client.consumer_info("ORDERS", "shipping").await.ok() },
+    )
     .await?;
     assert_eq!(after.delivered, before.delivered);
     assert_eq!(after.ack_floor, before.ack_floor);

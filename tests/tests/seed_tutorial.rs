@@ -15,7 +15,14 @@ const ORDERS: [&str; 3] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_share_one_consumer_position() -> anyhow::Result<()> {
     let cluster = Cluster::start(3).await?;
-    let out = cluster.wharf(&["stream", "add", "ORDERS", "--subjects", "orders.>", "--json"]);
+    let out = cluster.wharf(&[
+        "stream",
+        "add",
+        "ORDERS",
+        "--subjects",
+        "orders.>",
+        "--json",
+    ]);
     let info = json(&out)?;
     assert_eq!(info["config"]["num_replicas"], 3);
 
@@ -23,9 +30,20 @@ async fn three_workers_share_one_consumer_position() -> anyhow::Result<()> {
     for i in 1..=3 {
         let out = cluster.wharf(&["pub", "orders.created", &format!("{{\"order\":{i}}}")]);
         assert!(out.status.success(), "{}", wharf_tests::stderr(&out));
-        assert_eq!(stdout(&out).trim(), format!("Stored in stream ORDERS at sequence {i}"));
+        assert_eq!(
+            stdout(&out).trim(),
+            format!("Stored in stream ORDERS at sequence {i}")
+        );
     }
-    let out = cluster.wharf(&["consumer", "add", "ORDERS", "shipping", "--filter", "orders.shipped", "--json"]);
+    let out = cluster.wharf(&[
+        "consumer",
+        "add",
+        "ORDERS",
+        "shipping",
+        "--filter",
+        "orders.shipped",
+        "--json",
+    ]);
     json(&out)?;
 
     // Three workers, each pulling one message at a time with ack.
@@ -39,7 +57,8 @@ async fn three_workers_share_one_consumer_position() -> anyhow::Result<()> {
         .collect();
     // Publish once all three have a pull open, so the split is round-robin.
     eventually("three waiting pulls", Duration::from_secs(20), || async {
-        let info = json(&cluster.wharf(&["consumer", "info", "ORDERS", "shipping", "--json"])).ok()?;
+        let info =
+            json(&cluster.wharf(&["consumer", "info", "ORDERS", "shipping", "--json"])).ok()?;
         (info["num_waiting"] == 3).then_some(())
     })
     .await?;
@@ -51,9 +70,17 @@ async fn three_workers_share_one_consumer_position() -> anyhow::Result<()> {
     let mut received = Vec::new();
     for w in workers {
         let out = w.wait_with_output()?;
-        assert!(out.status.success(), "worker failed: {}", wharf_tests::stderr(&out));
+        assert!(
+            out.status.success(),
+            "worker failed: {}",
+            wharf_tests::stderr(&out)
+        );
         let lines: Vec<_> = stdout(&out).lines().map(str::to_string).collect();
-        assert_eq!(lines.len(), 1, "each worker gets exactly one order: {lines:?}");
+        assert_eq!(
+            lines.len(),
+            1,
+            "each worker gets exactly one order: {lines:?}"
+        );
         let m: serde_json::Value = serde_json::from_str(&lines[0])?;
         assert_eq!(m["subject"], "orders.shipped");
         assert_eq!(m["delivered"], 1);
@@ -74,12 +101,24 @@ async fn three_workers_share_one_consumer_position() -> anyhow::Result<()> {
     assert_eq!(info["config"]["max_ack_pending"], 1000);
     assert_eq!(info["config"]["filter_subject"], "orders.shipped");
     assert!(info["cluster"]["leader"].as_u64().unwrap_or(0) >= 1);
-    assert_eq!(info["cluster"]["replicas"].as_array().map(|a| a.len()), Some(3));
+    assert_eq!(
+        info["cluster"]["replicas"].as_array().map(|a| a.len()),
+        Some(3)
+    );
 
     let text = stdout(&cluster.wharf(&["consumer", "info", "ORDERS", "shipping"]));
-    assert!(text.contains("Last Delivered Message: Consumer sequence: 3 Stream sequence: 6"), "{text}");
-    assert!(text.contains("Acknowledgment Floor: Consumer sequence: 3 Stream sequence: 6"), "{text}");
-    assert!(text.contains("Outstanding Acks: 0 out of maximum 1,000"), "{text}");
+    assert!(
+        text.contains("Last Delivered Message: Consumer sequence: 3 Stream sequence: 6"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Acknowledgment Floor: Consumer sequence: 3 Stream sequence: 6"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Outstanding Acks: 0 out of maximum 1,000"),
+        "{text}"
+    );
     assert!(text.contains("Redelivered Messages: 0"), "{text}");
     assert!(text.contains("Unprocessed Messages: 0"), "{text}");
     assert!(text.contains("Waiting Pulls: 0 of maximum 512"), "{text}");
@@ -91,10 +130,21 @@ async fn three_workers_share_one_consumer_position() -> anyhow::Result<()> {
     assert_eq!(stream["state"]["last_seq"], 6);
 
     // Raising MaxAckPending, as the Pitfalls section does.
-    let edited = json(&cluster.wharf(&["consumer", "edit", "ORDERS", "shipping", "--max-pending", "5000", "--json"]))?;
+    let edited = json(&cluster.wharf(&[
+        "consumer",
+        "edit",
+        "ORDERS",
+        "shipping",
+        "--max-pending",
+        "5000",
+        "--json",
+    ]))?;
     assert_eq!(edited["config"]["max_ack_pending"], 5000);
     let text = stdout(&cluster.wharf(&["consumer", "info", "ORDERS", "shipping"]));
-    assert!(text.contains("Outstanding Acks: 0 out of maximum 5,000"), "{text}");
+    assert!(
+        text.contains("Outstanding Acks: 0 out of maximum 5,000"),
+        "{text}"
+    );
 
     let ls = stdout(&cluster.wharf(&["consumer", "ls", "ORDERS"]));
     assert!(ls.contains("shipping"), "{ls}");

@@ -77,12 +77,24 @@ impl Consumer {
     async fn open(&mut self) -> Result<&mut Session> {
         if self.session.is_none() {
             let (tx, rx) = mpsc::channel(1024);
-            let open = pb::ConsumeOpen { stream: self.stream.clone(), consumer: self.name.clone() };
-            let first = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Open(open)) };
-            tx.send(first).await.map_err(|_| ClientError::Timeout("session closed".into()))?;
+            let open = pb::ConsumeOpen {
+                stream: self.stream.clone(),
+                consumer: self.name.clone(),
+            };
+            let first = pb::ConsumeRequest {
+                kind: Some(pb::consume_request::Kind::Open(open)),
+            };
+            tx.send(first)
+                .await
+                .map_err(|_| ClientError::Timeout("session closed".into()))?;
             let mut grpc = self.client.current();
             match grpc.consume(ReceiverStream::new(rx)).await {
-                Ok(resp) => self.session = Some(Session { tx, rx: resp.into_inner() }),
+                Ok(resp) => {
+                    self.session = Some(Session {
+                        tx,
+                        rx: resp.into_inner(),
+                    })
+                }
                 Err(s) => {
                     self.client.rotate();
                     return Err(s.into());
@@ -117,7 +129,10 @@ impl Consumer {
         loop {
             let now = tokio::time::Instant::now();
             let remaining = wait_until.saturating_duration_since(now);
-            match self.pull_once(batch - out.len() as u32, remaining, &mut out).await {
+            match self
+                .pull_once(batch - out.len() as u32, remaining, &mut out)
+                .await
+            {
                 Ok(()) => return Ok(out),
                 Err(e) if is_retryable(&e) && now < give_up => {
                     self.broken();
@@ -135,7 +150,12 @@ impl Consumer {
         }
     }
 
-    async fn pull_once(&mut self, batch: u32, wait: Duration, out: &mut Vec<Message>) -> Result<()> {
+    async fn pull_once(
+        &mut self,
+        batch: u32,
+        wait: Duration,
+        out: &mut Vec<Message>,
+    ) -> Result<()> {
         let id = self.next_id();
         let session = self.open().await?;
         let pull = pb::PullRequest {
@@ -144,8 +164,14 @@ impl Consumer {
             expires_ms: wait.as_millis().max(1) as u64,
             no_wait: wait.is_zero(),
         };
-        let req = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Pull(pull)) };
-        session.tx.send(req).await.map_err(|_| ClientError::Timeout("session closed".into()))?;
+        let req = pb::ConsumeRequest {
+            kind: Some(pb::consume_request::Kind::Pull(pull)),
+        };
+        session
+            .tx
+            .send(req)
+            .await
+            .map_err(|_| ClientError::Timeout("session closed".into()))?;
         let deadline = tokio::time::Instant::now() + wait + PULL_GRACE;
         loop {
             let next = tokio::time::timeout_at(deadline, session.rx.message()).await;
@@ -188,9 +214,18 @@ impl Consumer {
     async fn ack_once(&mut self, stream_seq: u64) -> Result<()> {
         let reply_id = self.next_id();
         let session = self.open().await?;
-        let ack = pb::AckRequest { stream_seq, reply_id };
-        let req = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Ack(ack)) };
-        session.tx.send(req).await.map_err(|_| ClientError::Timeout("session closed".into()))?;
+        let ack = pb::AckRequest {
+            stream_seq,
+            reply_id,
+        };
+        let req = pb::ConsumeRequest {
+            kind: Some(pb::consume_request::Kind::Ack(ack)),
+        };
+        session
+            .tx
+            .send(req)
+            .await
+            .map_err(|_| ClientError::Timeout("session closed".into()))?;
         let deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
         let mut stash = Vec::new();
         let result = loop {

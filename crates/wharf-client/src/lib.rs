@@ -47,7 +47,11 @@ impl Client {
     pub fn new(servers: &str) -> Result<Client> {
         let mut seeds = Vec::new();
         for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+            let url = if addr.contains("://") {
+                addr.to_string()
+            } else {
+                format!("http://{addr}")
+            };
             let endpoint = Endpoint::from_shared(url)
                 .map_err(|e| ClientError::InvalidAddress(format!("{addr}: {e}")))?
                 .connect_timeout(Duration::from_secs(1))
@@ -59,7 +63,9 @@ impl Client {
             seeds.push((addr.to_string(), client));
         }
         if seeds.is_empty() {
-            return Err(ClientError::InvalidAddress("no server address given".into()));
+            return Err(ClientError::InvalidAddress(
+                "no server address given".into(),
+            ));
         }
         Ok(Client {
             inner: Arc::new(Inner {
@@ -77,7 +83,9 @@ impl Client {
             current: AtomicUsize::new(self.inner.current.load(Ordering::Relaxed)),
             retry_for,
         };
-        Client { inner: Arc::new(inner) }
+        Client {
+            inner: Arc::new(inner),
+        }
     }
 
     pub(crate) fn retry_for(&self) -> Duration {
@@ -106,7 +114,9 @@ impl Client {
         loop {
             match f(self.current()).await {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s) if error::retryable(&s) && tokio::time::Instant::now() + backoff < deadline => {
+                Err(s)
+                    if error::retryable(&s) && tokio::time::Instant::now() + backoff < deadline =>
+                {
                     tracing::debug!("retrying after {}: {}", s.code(), s.message());
                     self.rotate();
                     tokio::time::sleep(backoff).await;
@@ -118,7 +128,9 @@ impl Client {
     }
 
     pub async fn add_stream(&self, config: pb::StreamConfig) -> Result<pb::StreamInfo> {
-        let req = pb::AddStreamRequest { config: Some(config) };
+        let req = pb::AddStreamRequest {
+            config: Some(config),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.add_stream(req).await }
@@ -127,7 +139,9 @@ impl Client {
     }
 
     pub async fn stream_info(&self, name: &str) -> Result<pb::StreamInfo> {
-        let req = pb::GetStreamRequest { name: name.to_string() };
+        let req = pb::GetStreamRequest {
+            name: name.to_string(),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.get_stream(req).await }
@@ -141,7 +155,9 @@ impl Client {
     }
 
     pub async fn delete_stream(&self, name: &str) -> Result<()> {
-        let req = pb::DeleteStreamRequest { name: name.to_string() };
+        let req = pb::DeleteStreamRequest {
+            name: name.to_string(),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.delete_stream(req).await }
@@ -152,8 +168,15 @@ impl Client {
 
     /// Publish one message; returns once a majority of the stream's replicas
     /// has it on disk.
-    pub async fn publish(&self, subject: &str, payload: impl Into<Bytes>) -> Result<pb::PublishAck> {
-        let req = pb::PublishRequest { subject: subject.to_string(), payload: payload.into() };
+    pub async fn publish(
+        &self,
+        subject: &str,
+        payload: impl Into<Bytes>,
+    ) -> Result<pb::PublishAck> {
+        let req = pb::PublishRequest {
+            subject: subject.to_string(),
+            payload: payload.into(),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.publish(req).await }
@@ -161,8 +184,15 @@ impl Client {
         .await
     }
 
-    pub async fn add_consumer(&self, stream: &str, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo> {
-        let req = pb::AddConsumerRequest { stream: stream.to_string(), config: Some(config) };
+    pub async fn add_consumer(
+        &self,
+        stream: &str,
+        config: pb::ConsumerConfig,
+    ) -> Result<pb::ConsumerInfo> {
+        let req = pb::AddConsumerRequest {
+            stream: stream.to_string(),
+            config: Some(config),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.add_consumer(req).await }
@@ -170,8 +200,15 @@ impl Client {
         .await
     }
 
-    pub async fn update_consumer(&self, stream: &str, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo> {
-        let req = pb::AddConsumerRequest { stream: stream.to_string(), config: Some(config) };
+    pub async fn update_consumer(
+        &self,
+        stream: &str,
+        config: pb::ConsumerConfig,
+    ) -> Result<pb::ConsumerInfo> {
+        let req = pb::AddConsumerRequest {
+            stream: stream.to_string(),
+            config: Some(config),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.update_consumer(req).await }
@@ -180,7 +217,10 @@ impl Client {
     }
 
     pub async fn consumer_info(&self, stream: &str, name: &str) -> Result<pb::ConsumerInfo> {
-        let req = pb::GetConsumerRequest { stream: stream.to_string(), name: name.to_string() };
+        let req = pb::GetConsumerRequest {
+            stream: stream.to_string(),
+            name: name.to_string(),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.get_consumer(req).await }
@@ -189,7 +229,9 @@ impl Client {
     }
 
     pub async fn list_consumers(&self, stream: &str) -> Result<Vec<pb::ConsumerInfo>> {
-        let req = pb::ListConsumersRequest { stream: stream.to_string() };
+        let req = pb::ListConsumersRequest {
+            stream: stream.to_string(),
+        };
         let r = self.call(|mut c| {
             let req = req.clone();
             async move { c.list_consumers(req).await }
@@ -198,7 +240,10 @@ impl Client {
     }
 
     pub async fn delete_consumer(&self, stream: &str, name: &str) -> Result<()> {
-        let req = pb::DeleteConsumerRequest { stream: stream.to_string(), name: name.to_string() };
+        let req = pb::DeleteConsumerRequest {
+            stream: stream.to_string(),
+            name: name.to_string(),
+        };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.delete_consumer(req).await }
@@ -208,7 +253,8 @@ impl Client {
     }
 
     pub async fn cluster_status(&self) -> Result<pb::ClusterStatusResponse> {
-        self.call(|mut c| async move { c.cluster_status(pb::ClusterStatusRequest {}).await }).await
+        self.call(|mut c| async move { c.cluster_status(pb::ClusterStatusRequest {}).await })
+            .await
     }
 
     /// A worker's handle on a durable consumer.

@@ -7,8 +7,8 @@
 //!
 //! Not here: mapping to gRPC statuses. That happens once, in the server crate.
 
-use crate::NodeId;
 use crate::GroupId;
+use crate::NodeId;
 
 /// Errors returned by the Raft layer.
 #[derive(Debug, thiserror::Error)]

@@ -157,3 +157,36 @@ async fn flush_and_complete(db: &sled::Db, batch: &mut Vec<Waiter>) {
         w.complete(&res);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Flusher;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_waiters_all_complete_and_stop_refuses_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new()
+            .path(dir.path().join("sled"))
+            .open()
+            .unwrap();
+        let (flusher, mut task) = Flusher::spawn(db.clone());
+        let tree = db.open_tree("t").unwrap();
+        let waits = (0..200u32).map(|i| {
+            let f = flusher.clone();
+            let t = tree.clone();
+            async move {
+                t.insert(i.to_be_bytes(), &[1u8][..]).unwrap();
+                f.flush().await
+            }
+        });
+        for r in futures::future::join_all(waits).await {
+            r.expect("flushed");
+        }
+        task.stop().await;
+        assert!(
+            flusher.flush().await.is_err(),
+            "a stopped flusher refuses work"
+        );
+        task.stop().await; // idempotent
+    }
+}

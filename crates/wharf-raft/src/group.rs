@@ -153,12 +153,16 @@ impl Group {
                         tokio::time::sleep(LEASE_RETRY).await;
                     }
                     ClientWriteError::ForwardToLeader(f) => {
-                        return Err(RaftError::NotLeader { leader: f.leader_id })
+                        return Err(RaftError::NotLeader {
+                            leader: f.leader_id,
+                        })
                     }
                     // Outcome unknown: the server must treat it like NotLeader
                     // and rely on deduplication (see `RaftError::NotLeader`).
                     ClientWriteError::LogEntryDiscarded(f) => {
-                        return Err(RaftError::NotLeader { leader: f.leader_id })
+                        return Err(RaftError::NotLeader {
+                            leader: f.leader_id,
+                        })
                     }
                     other => return Err(RaftError::Config(other.to_string())),
                 },
@@ -167,7 +171,9 @@ impl Group {
         }
     }
 
-    /// The latest status of this group on this node.
+    /// The latest status of this group on this node. It mirrors openraft's
+    /// metrics asynchronously, so it may trail a `write` that just returned
+    /// by a moment; wait with [`Group::wait_for`] instead of polling.
     pub fn status(&self) -> GroupStatus {
         self.inner.status.borrow().clone()
     }
@@ -202,7 +208,9 @@ impl Group {
                 }
             }
         };
-        tokio::time::timeout(timeout, wait).await.unwrap_or(Err(RaftError::Timeout))
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or(Err(RaftError::Timeout))
     }
 
     /// Linearizable read barrier: on the leader, confirms leadership with a
@@ -214,7 +222,9 @@ impl Group {
             Err(_) => Err(RaftError::Timeout),
             Ok(Ok(_)) => Ok(()),
             Ok(Err(openraft::errors::RaftError::APIError(e))) => Err(match e {
-                LinearizableReadError::ForwardToLeader(f) => RaftError::NotLeader { leader: f.leader_id },
+                LinearizableReadError::ForwardToLeader(f) => RaftError::NotLeader {
+                    leader: f.leader_id,
+                },
                 LinearizableReadError::QuorumNotEnough(_) => RaftError::Timeout,
             }),
             Ok(Err(openraft::errors::RaftError::Fatal(f))) => Err(fatal(f)),
@@ -226,12 +236,22 @@ impl Group {
     pub async fn transfer_leader(&self, to: NodeId) -> Result<(), RaftError> {
         let status = self.status();
         if status.role != Role::Leader {
-            return Err(RaftError::NotLeader { leader: status.leader });
+            return Err(RaftError::NotLeader {
+                leader: status.leader,
+            });
         }
         if !status.voters.contains(&to) {
-            return Err(RaftError::Config(format!("node {to} is not a voter of group {}", self.id())));
+            return Err(RaftError::Config(format!(
+                "node {to} is not a voter of group {}",
+                self.id()
+            )));
         }
-        self.inner.raft.trigger().transfer_leader(to).await.map_err(fatal)
+        self.inner
+            .raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(fatal)
     }
 
     /// The group's state machine.

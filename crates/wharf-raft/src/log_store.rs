@@ -59,7 +59,11 @@ pub(crate) struct LogStore {
 
 impl LogStore {
     /// Opens (or creates) the trees of `group_id` in `db`.
-    pub(crate) fn open(db: &sled::Db, group_id: GroupId, flusher: Flusher) -> sled::Result<(Self, sled::Tree)> {
+    pub(crate) fn open(
+        db: &sled::Db,
+        group_id: GroupId,
+        flusher: Flusher,
+    ) -> sled::Result<(Self, sled::Tree)> {
         let (log_name, meta_name) = tree_names(group_id);
         let log = db.open_tree(log_name)?;
         let meta = db.open_tree(meta_name)?;
@@ -141,7 +145,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let last_purged_log_id: Option<LogId> = self.read_meta(KEY_LAST_PURGED)?;
         let last_log_id = match self.log.last().map_err(io_err)? {
             Some((_, v)) => Some(decode::<Entry>(&v).map_err(io_err)?.log_id),
-            None => last_purged_log_id.clone(),
+            None => last_purged_log_id,
         };
         Ok(LogState {
             last_purged_log_id,
@@ -166,7 +170,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.read_meta::<Option<LogId>>(KEY_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,

@@ -83,7 +83,10 @@ impl PeerPool {
     /// The client for `addr` ("host:port"), creating its channel on first use.
     /// The channel connects lazily and reconnects by itself.
     pub(crate) fn client(&self, addr: &str) -> Result<RaftTransportClient<Channel>, String> {
-        let mut clients = self.clients.lock().map_err(|_| "peer pool lock poisoned".to_string())?;
+        let mut clients = self
+            .clients
+            .lock()
+            .map_err(|_| "peer pool lock poisoned".to_string())?;
         if let Some(c) = clients.get(addr) {
             return Ok(c.clone());
         }
@@ -162,7 +165,12 @@ impl PeerNetwork {
         }
     }
 
-    fn status_error(&self, rpc: RPCTypes, ttl: Duration, status: tonic::Status) -> RPCError<TypeConfig> {
+    fn status_error(
+        &self,
+        rpc: RPCTypes,
+        ttl: Duration,
+        status: tonic::Status,
+    ) -> RPCError<TypeConfig> {
         match status.code() {
             tonic::Code::DeadlineExceeded => RPCError::Timeout(self.timeout_error(rpc, ttl)),
             _ => unreachable(format!("{} ({}): {}", self.target, self.addr, status)),
@@ -198,11 +206,19 @@ impl PeerNetwork {
         };
         let result: WireResult<Resp> =
             decode(&frame.payload).map_err(|e| RPCError::Network(NetworkError::from_string(e)))?;
-        result.map_err(|remote| unreachable(format!("remote raft error on {}: {remote}", self.target)))
+        result.map_err(|remote| {
+            unreachable(format!("remote raft error on {}: {remote}", self.target))
+        })
     }
 
-    async fn send_snapshot(&self, vote: Vote, snapshot: Snapshot, ttl: Duration) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let meta = encode(&(vote, snapshot.meta)).map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
+    async fn send_snapshot(
+        &self,
+        vote: Vote,
+        snapshot: Snapshot,
+        ttl: Duration,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let meta = encode(&(vote, snapshot.meta))
+            .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
         let data = Bytes::from(snapshot.snapshot);
         let n_chunks = data.len().div_ceil(SNAPSHOT_CHUNK_BYTES).max(1);
         let mut chunks = Vec::with_capacity(n_chunks);
@@ -211,7 +227,11 @@ impl PeerNetwork {
             let end = (start + SNAPSHOT_CHUNK_BYTES).min(data.len());
             chunks.push(SnapshotChunk {
                 group_id: self.group_id,
-                meta: if i == 0 { Bytes::from(meta.clone()) } else { Bytes::new() },
+                meta: if i == 0 {
+                    Bytes::from(meta.clone())
+                } else {
+                    Bytes::new()
+                },
                 data: data.slice(start..end),
                 last: i + 1 == n_chunks,
                 from_node: self.pool.node_id(),
@@ -219,16 +239,27 @@ impl PeerNetwork {
         }
         // The deadline grows with the size: `ttl` per chunk.
         let deadline = ttl.saturating_mul(n_chunks as u32);
-        let mut client = self.pool.client(&self.addr).map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))?;
+        let mut client = self
+            .pool
+            .client(&self.addr)
+            .map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))?;
         let mut request = tonic::Request::new(futures::stream::iter(chunks));
         request.set_timeout(deadline);
         let frame = match tokio::time::timeout(deadline, client.install_snapshot(request)).await {
-            Err(_) => return Err(StreamingError::Timeout(self.timeout_error(RPCTypes::InstallSnapshot, deadline))),
-            Ok(Err(status)) => return Err(self.status_error(RPCTypes::InstallSnapshot, deadline, status).into()),
+            Err(_) => {
+                return Err(StreamingError::Timeout(
+                    self.timeout_error(RPCTypes::InstallSnapshot, deadline),
+                ))
+            }
+            Ok(Err(status)) => {
+                return Err(self
+                    .status_error(RPCTypes::InstallSnapshot, deadline, status)
+                    .into())
+            }
             Ok(Ok(resp)) => resp.into_inner(),
         };
-        let result: WireResult<SnapshotResponse<TypeConfig>> =
-            decode(&frame.payload).map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
+        let result: WireResult<SnapshotResponse<TypeConfig>> = decode(&frame.payload)
+            .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
         result.map_err(|remote| {
             StreamingError::Unreachable(Unreachable::from_string(format!(
                 "remote raft error on {}: {remote}",
@@ -283,6 +314,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.unary(Rpc::TransferLeader, &req, option.soft_ttl()).await
+        self.unary(Rpc::TransferLeader, &req, option.soft_ttl())
+            .await
     }
 }

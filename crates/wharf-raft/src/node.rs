@@ -106,12 +106,19 @@ fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
 impl RaftNode {
     /// Opens (or creates) the node's single sled::Db at `data_dir/sled` and
     /// starts the flusher. Must be called inside a tokio runtime.
-    pub fn open(node_id: NodeId, data_dir: &Path, settings: RaftSettings) -> Result<Arc<Self>, RaftError> {
+    pub fn open(
+        node_id: NodeId,
+        data_dir: &Path,
+        settings: RaftSettings,
+    ) -> Result<Arc<Self>, RaftError> {
         let config = raft_config(&settings)?;
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(RaftError::Config("RaftNode::open must run inside a tokio runtime".into()));
+            return Err(RaftError::Config(
+                "RaftNode::open must run inside a tokio runtime".into(),
+            ));
         }
-        std::fs::create_dir_all(data_dir).map_err(|e| RaftError::Storage(format!("{}: {e}", data_dir.display())))?;
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| RaftError::Storage(format!("{}: {e}", data_dir.display())))?;
         let db = sled::Config::new()
             .path(data_dir.join("sled"))
             .cache_capacity(SLED_CACHE_BYTES)
@@ -143,7 +150,10 @@ impl RaftNode {
 
     /// Await a flush of the whole Db through the group-commit flusher.
     pub async fn flush(&self) -> Result<(), RaftError> {
-        self.flusher.flush().await.map_err(|e| RaftError::Storage(e.to_string()))
+        self.flusher
+            .flush()
+            .await
+            .map_err(|e| RaftError::Storage(e.to_string()))
     }
 
     /// The tonic service to mount on the node's gRPC server.
@@ -180,9 +190,15 @@ impl RaftNode {
             group_id,
             pool: self.pool.clone(),
         };
-        let raft = WharfRaft::new(self.node_id, self.config.clone(), network, log_store, sm_store)
-            .await
-            .map_err(|e| RaftError::Storage(format!("group {group_id}: {e}")))?;
+        let raft = WharfRaft::new(
+            self.node_id,
+            self.config.clone(),
+            network,
+            log_store,
+            sm_store,
+        )
+        .await
+        .map_err(|e| RaftError::Storage(format!("group {group_id}: {e}")))?;
         if members.contains_key(&self.node_id) {
             if let Err(e) = self.initialize(&raft, &members).await {
                 if let Err(join) = raft.shutdown().await {
@@ -197,13 +213,22 @@ impl RaftNode {
         Ok(group)
     }
 
-    async fn initialize(&self, raft: &WharfRaft, members: &BTreeMap<NodeId, String>) -> Result<(), RaftError> {
-        let initialized = raft.is_initialized().await.map_err(|e| RaftError::Stopped(e.to_string()))?;
+    async fn initialize(
+        &self,
+        raft: &WharfRaft,
+        members: &BTreeMap<NodeId, String>,
+    ) -> Result<(), RaftError> {
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| RaftError::Stopped(e.to_string()))?;
         if initialized {
             return Ok(());
         }
-        let nodes: BTreeMap<NodeId, BasicNode> =
-            members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr)))
+            .collect();
         match raft.initialize(nodes).await {
             Ok(()) => Ok(()),
             // A peer replicated to us first: the group is already formed.
@@ -255,7 +280,10 @@ impl RaftNode {
             from_node: self.node_id,
         });
         request.set_timeout(timeout);
-        matches!(tokio::time::timeout(timeout, client.ping(request)).await, Ok(Ok(_)))
+        matches!(
+            tokio::time::timeout(timeout, client.ping(request)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Shut every group down, flush, and stop the flusher. Idempotent.

@@ -30,8 +30,6 @@ use openraft::storage::RaftStateMachine;
 use openraft::EntryPayload;
 use openraft::OptionalSend;
 use openraft::RaftSnapshotBuilder;
-use serde::Deserialize;
-use serde::Serialize;
 
 use crate::flusher::Flusher;
 use crate::types::decode;
@@ -45,14 +43,10 @@ use crate::types::StoredMembership;
 use crate::types::TypeConfig;
 use crate::SharedStateMachine;
 
-const KEY_SNAPSHOT: &[u8] = b"snapshot";
-
-/// What is stored under `snapshot` in the meta tree.
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta,
-    data: Vec<u8>,
-}
+/// bincode `SnapshotMeta` of the stored snapshot.
+const KEY_SNAPSHOT_META: &[u8] = b"snapshot_meta";
+/// The state machine's snapshot bytes, stored as they are.
+const KEY_SNAPSHOT_DATA: &[u8] = b"snapshot_data";
 
 /// Writes snapshots to the meta tree, never replacing a newer one.
 #[derive(Clone)]
@@ -66,27 +60,41 @@ struct SnapshotStore {
 impl SnapshotStore {
     async fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
         {
-            let mut stored = self.stored.lock().map_err(|_| io_err("snapshot lock poisoned"))?;
+            let mut stored = self
+                .stored
+                .lock()
+                .map_err(|_| io_err("snapshot lock poisoned"))?;
             // Equal means the same snapshot (e.g. re-installed at startup).
             if stored.is_some() && *stored >= meta.last_log_id {
                 return Ok(());
             }
-            let bytes = encode(&StoredSnapshot {
-                meta: meta.clone(),
-                data: data.to_vec(),
-            })
-            .map_err(io_err)?;
-            self.meta_tree.insert(KEY_SNAPSHOT, bytes).map_err(io_err)?;
-            *stored = meta.last_log_id.clone();
+            // One batch: the meta and the data change together.
+            let mut batch = sled::Batch::default();
+            batch.insert(KEY_SNAPSHOT_META, encode(meta).map_err(io_err)?);
+            batch.insert(KEY_SNAPSHOT_DATA, data);
+            self.meta_tree.apply_batch(batch).map_err(io_err)?;
+            *stored = meta.last_log_id;
         }
         self.flusher.flush().await
     }
 
-    fn load(&self) -> io::Result<Option<StoredSnapshot>> {
-        match self.meta_tree.get(KEY_SNAPSHOT).map_err(io_err)? {
+    fn load_meta(&self) -> io::Result<Option<SnapshotMeta>> {
+        match self.meta_tree.get(KEY_SNAPSHOT_META).map_err(io_err)? {
             Some(v) => decode(&v).map(Some).map_err(io_err),
             None => Ok(None),
         }
+    }
+
+    fn load(&self) -> io::Result<Option<Snapshot>> {
+        let Some(meta) = self.load_meta()? else {
+            return Ok(None);
+        };
+        let data = self.meta_tree.get(KEY_SNAPSHOT_DATA).map_err(io_err)?;
+        let data = data.ok_or_else(|| io_err("snapshot meta without data"))?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: data.to_vec(),
+        }))
     }
 }
 
@@ -100,14 +108,21 @@ pub(crate) struct SmStore {
 
 impl SmStore {
     /// `sm` must be fresh (empty); see the module docs.
-    pub(crate) fn new(sm: SharedStateMachine, meta_tree: sled::Tree, flusher: Flusher) -> io::Result<Self> {
+    pub(crate) fn new(
+        sm: SharedStateMachine,
+        meta_tree: sled::Tree,
+        flusher: Flusher,
+    ) -> io::Result<Self> {
         let snapshots = SnapshotStore {
             meta_tree,
             flusher,
             stored: Arc::new(Mutex::new(None)),
         };
-        let stored = snapshots.load()?.and_then(|s| s.meta.last_log_id);
-        *snapshots.stored.lock().map_err(|_| io_err("snapshot lock poisoned"))? = stored;
+        let stored = snapshots.load_meta()?.and_then(|m| m.last_log_id);
+        *snapshots
+            .stored
+            .lock()
+            .map_err(|_| io_err("snapshot lock poisoned"))? = stored;
         Ok(SmStore {
             sm,
             last_applied: None,
@@ -117,7 +132,10 @@ impl SmStore {
     }
 
     fn apply_command(&self, index: u64, command: &[u8]) -> io::Result<Vec<u8>> {
-        let mut sm = self.sm.lock().map_err(|_| io_err("state machine lock poisoned"))?;
+        let mut sm = self
+            .sm
+            .lock()
+            .map_err(|_| io_err("state machine lock poisoned"))?;
         Ok(sm.apply(index, command))
     }
 }
@@ -133,7 +151,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let data = self.data.clone().map_err(|e| io_err(format!("state machine snapshot: {e}")))?;
+        let data = self
+            .data
+            .clone()
+            .map_err(|e| io_err(format!("state machine snapshot: {e}")))?;
         self.snapshots.save(&self.meta, &data).await?;
         Ok(Snapshot {
             meta: self.meta.clone(),
@@ -147,17 +168,19 @@ impl RaftStateMachine<TypeConfig> for SmStore {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
-        Ok((self.last_applied.clone(), self.membership.clone()))
+        Ok((self.last_applied, self.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
-    where Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend {
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
         while let Some((entry, responder)) = entries.try_next().await? {
             let response = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(cmd) => self.apply_command(entry.log_id.index, &cmd.0)?,
                 EntryPayload::Membership(m) => {
-                    self.membership = StoredMembership::new(Some(entry.log_id.clone()), m);
+                    self.membership = StoredMembership::new(Some(entry.log_id), m);
                     Vec::new()
                 }
             };
@@ -176,7 +199,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         };
         SnapshotBuilder {
             meta: SnapshotMeta {
-                last_log_id: self.last_applied.clone(),
+                last_log_id: self.last_applied,
                 last_membership: self.membership.clone(),
             },
             data,
@@ -184,20 +207,25 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         }
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Vec<u8>) -> Result<(), io::Error> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
         {
-            let mut sm = self.sm.lock().map_err(|_| io_err("state machine lock poisoned"))?;
-            sm.restore(&snapshot).map_err(|e| io_err(format!("state machine restore: {e}")))?;
+            let mut sm = self
+                .sm
+                .lock()
+                .map_err(|_| io_err("state machine lock poisoned"))?;
+            sm.restore(&snapshot)
+                .map_err(|e| io_err(format!("state machine restore: {e}")))?;
         }
-        self.last_applied = meta.last_log_id.clone();
+        self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.snapshots.save(meta, &snapshot).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        Ok(self.snapshots.load()?.map(|s| Snapshot {
-            meta: s.meta,
-            snapshot: s.data,
-        }))
+        self.snapshots.load()
     }
 }

@@ -56,10 +56,14 @@ fn storage_err<E: std::error::Error + 'static>(e: E) -> StorageError<TypeConfig>
 impl StoreBuilder<TypeConfig, LogStore, SmStore, Guard> for SledBuilder {
     async fn build(&self) -> Result<(Guard, LogStore, SmStore), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().map_err(storage_err)?;
-        let db = sled::Config::new().path(dir.path().join("sled")).open().map_err(storage_err)?;
+        let db = sled::Config::new()
+            .path(dir.path().join("sled"))
+            .open()
+            .map_err(storage_err)?;
         let (flusher, task) = Flusher::spawn(db.clone());
         let (log, meta) = LogStore::open(&db, 1, flusher.clone()).map_err(storage_err)?;
-        let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), meta, flusher).map_err(storage_err)?;
+        let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), meta, flusher)
+            .map_err(storage_err)?;
         Ok((
             Guard {
                 _flusher: task,

@@ -53,7 +53,9 @@ impl TransportService {
     }
 
     fn node(&self) -> Result<Arc<RaftNode>, Status> {
-        self.node.upgrade().ok_or_else(|| Status::unavailable("node is shut down"))
+        self.node
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("node is shut down"))
     }
 
     fn raft(&self, group_id: GroupId) -> Result<WharfRaft, Status> {
@@ -63,7 +65,11 @@ impl TransportService {
             .ok_or_else(|| Status::not_found(format!("raft group {group_id} not found")))
     }
 
-    fn reply<T: Serialize>(&self, group_id: GroupId, result: WireResult<T>) -> Result<Response<RaftFrame>, Status> {
+    fn reply<T: Serialize>(
+        &self,
+        group_id: GroupId,
+        result: WireResult<T>,
+    ) -> Result<Response<RaftFrame>, Status> {
         let payload = encode(&result).map_err(Status::internal)?;
         let from_node = self.node.upgrade().map(|n| n.node_id()).unwrap_or_default();
         Ok(Response::new(RaftFrame {
@@ -104,11 +110,17 @@ impl RaftTransport for TransportService {
         self.reply(frame.group_id, res)
     }
 
-    async fn transfer_leader(&self, request: Request<RaftFrame>) -> Result<Response<RaftFrame>, Status> {
+    async fn transfer_leader(
+        &self,
+        request: Request<RaftFrame>,
+    ) -> Result<Response<RaftFrame>, Status> {
         let frame = request.into_inner();
         let raft = self.raft(frame.group_id)?;
         let rpc: TransferLeaderRequest<TypeConfig> = decode(&frame.payload).map_err(bad_frame)?;
-        let res = raft.handle_transfer_leader(rpc).await.map_err(|e| e.to_string());
+        let res = raft
+            .handle_transfer_leader(rpc)
+            .await
+            .map_err(|e| e.to_string());
         self.reply(frame.group_id, res)
     }
 
@@ -121,7 +133,10 @@ impl RaftTransport for TransportService {
         }))
     }
 
-    async fn install_snapshot(&self, request: Request<Streaming<SnapshotChunk>>) -> Result<Response<RaftFrame>, Status> {
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftFrame>, Status> {
         let mut stream = request.into_inner();
         let first = stream
             .message()
@@ -133,18 +148,25 @@ impl RaftTransport for TransportService {
         let mut data = first.data.to_vec();
         let mut last = first.last;
         while !last {
-            let chunk = stream
-                .message()
-                .await?
-                .ok_or_else(|| Status::invalid_argument("snapshot stream ended before its last chunk"))?;
+            let chunk = stream.message().await?.ok_or_else(|| {
+                Status::invalid_argument("snapshot stream ended before its last chunk")
+            })?;
             if chunk.group_id != group_id {
-                return Err(Status::invalid_argument("snapshot chunks name different groups"));
+                return Err(Status::invalid_argument(
+                    "snapshot chunks name different groups",
+                ));
             }
             data.extend_from_slice(&chunk.data);
             last = chunk.last;
         }
-        let snapshot = Snapshot { meta, snapshot: data };
-        let res = raft.install_full_snapshot(vote, snapshot).await.map_err(|e| e.to_string());
+        let snapshot = Snapshot {
+            meta,
+            snapshot: data,
+        };
+        let res = raft
+            .install_full_snapshot(vote, snapshot)
+            .await
+            .map_err(|e| e.to_string());
         self.reply(group_id, res)
     }
 }

@@ -23,10 +23,12 @@ use wharf_raft::StateMachine;
 const GROUP: u64 = 7;
 const WAIT: Duration = Duration::from_secs(15);
 
-/// Counts applied commands; answers each with the new count.
+/// Counts applied commands; answers each with the new count. Its snapshot is
+/// the count followed by `pad_bytes` zeros (to make snapshots span chunks).
 #[derive(Default)]
 struct Counter {
     count: u64,
+    pad_bytes: usize,
 }
 
 impl StateMachine for Counter {
@@ -36,18 +38,30 @@ impl StateMachine for Counter {
     }
 
     fn snapshot(&self) -> Result<Vec<u8>, String> {
-        Ok(self.count.to_be_bytes().to_vec())
+        let mut data = self.count.to_be_bytes().to_vec();
+        data.resize(8 + self.pad_bytes, 0);
+        Ok(data)
     }
 
     fn restore(&mut self, data: &[u8]) -> Result<(), String> {
-        let bytes: [u8; 8] = data.try_into().map_err(|_| "bad counter snapshot".to_string())?;
+        let head = data.get(..8).ok_or("short counter snapshot")?;
+        let bytes: [u8; 8] = head
+            .try_into()
+            .map_err(|_| "bad counter snapshot".to_string())?;
         self.count = u64::from_be_bytes(bytes);
         Ok(())
     }
 }
 
 fn counter() -> (Arc<Mutex<Counter>>, SharedStateMachine) {
-    let c = Arc::new(Mutex::new(Counter::default()));
+    padded_counter(0)
+}
+
+fn padded_counter(pad_bytes: usize) -> (Arc<Mutex<Counter>>, SharedStateMachine) {
+    let c = Arc::new(Mutex::new(Counter {
+        count: 0,
+        pad_bytes,
+    }));
     let sm: SharedStateMachine = c.clone();
     (c, sm)
 }
@@ -56,7 +70,16 @@ fn count_of(c: &Arc<Mutex<Counter>>) -> u64 {
     c.lock().unwrap().count
 }
 
+/// Logs to the test output when `RUST_LOG` is set (e.g. `RUST_LOG=openraft=warn`).
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
 fn settings() -> RaftSettings {
+    init_tracing();
     RaftSettings {
         heartbeat_ms: 100,
         election_min_ms: 400,
@@ -70,29 +93,44 @@ struct TestNode {
     id: NodeId,
     node: Arc<RaftNode>,
     server: JoinHandle<()>,
+    stop_server: tokio::sync::oneshot::Sender<()>,
 }
 
 impl TestNode {
-    async fn start(id: NodeId, dir: &Path, listener: TcpListener, settings: RaftSettings) -> TestNode {
+    async fn start(
+        id: NodeId,
+        dir: &Path,
+        listener: TcpListener,
+        settings: RaftSettings,
+    ) -> TestNode {
         let node = RaftNode::open(id, dir, settings).expect("open node");
         let svc = node.transport_service();
+        let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let incoming = TcpListenerStream::new(listener);
             let res = tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming(incoming)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
                 .await;
             if let Err(e) = res {
                 eprintln!("server error: {e}");
             }
         });
-        TestNode { id, node, server }
+        TestNode {
+            id,
+            node,
+            server,
+            stop_server,
+        }
     }
 
-    /// Shuts the node down and kills its server (the peers see it vanish).
+    /// Shuts the node down and stops its server, closing every connection
+    /// (aborting the accept loop alone would leave them answering).
     async fn kill(self) {
         self.node.shutdown().await;
-        self.server.abort();
+        let _ = self.stop_server.send(());
         let _ = self.server.await;
     }
 }
@@ -133,7 +171,10 @@ async fn agreed_leader(groups: &[&Group]) -> NodeId {
 async fn write_n(g: &Group, n: u64) -> u64 {
     let mut last = 0;
     for i in 0..n {
-        let resp = g.write(format!("cmd-{i}").into_bytes()).await.expect("write");
+        let resp = g
+            .write(format!("cmd-{i}").into_bytes())
+            .await
+            .expect("write");
         last = u64::from_be_bytes(resp.try_into().expect("8-byte answer"));
     }
     last
@@ -153,15 +194,28 @@ async fn three_nodes_replicate_and_fail_over() {
     for (i, l) in listeners.into_iter().enumerate() {
         nodes.push(TestNode::start(i as u64 + 1, dirs[i].path(), l, settings()).await);
     }
-    assert!(nodes[0].node.ping(&members[&2], Duration::from_secs(2)).await);
+    assert!(
+        nodes[0]
+            .node
+            .ping(&members[&2], Duration::from_secs(2))
+            .await
+    );
 
     let mut counters = Vec::new();
     let mut groups = Vec::new();
     for n in &nodes {
         let (c, sm) = counter();
-        let g = n.node.start_group(GROUP, members.clone(), sm.clone()).await.unwrap();
+        let g = n
+            .node
+            .start_group(GROUP, members.clone(), sm.clone())
+            .await
+            .unwrap();
         // Starting again returns the running group.
-        let again = n.node.start_group(GROUP, members.clone(), sm).await.unwrap();
+        let again = n
+            .node
+            .start_group(GROUP, members.clone(), sm)
+            .await
+            .unwrap();
         assert_eq!(again.id(), GROUP);
         counters.push(c);
         groups.push(g);
@@ -182,9 +236,14 @@ async fn three_nodes_replicate_and_fail_over() {
     assert_eq!(write_n(&groups[li], 100).await, 100);
     // The status watch changes after each apply, so a predicate on the state
     // machine is re-checked whenever it can have changed.
-    groups[li].ensure_linearizable().await.expect("read barrier on the leader");
+    groups[li]
+        .ensure_linearizable()
+        .await
+        .expect("read barrier on the leader");
     for (g, c) in groups.iter().zip(&counters) {
-        g.wait_for(WAIT, |_| count_of(c) == 100).await.expect("replica catches up");
+        g.wait_for(WAIT, |_| count_of(c) == 100)
+            .await
+            .expect("replica catches up");
     }
 
     // Kill the leader's node; the other two elect a new leader and go on.
@@ -204,7 +263,9 @@ async fn three_nodes_replicate_and_fail_over() {
     let ni = nodes.iter().position(|n| n.id == new_leader).unwrap();
     assert_eq!(write_n(&groups[ni], 10).await, 110);
     for (g, c) in groups.iter().zip(&counters) {
-        g.wait_for(WAIT, |_| count_of(c) == 110).await.expect("replica catches up");
+        g.wait_for(WAIT, |_| count_of(c) == 110)
+            .await
+            .expect("replica catches up");
     }
 
     for n in nodes {
@@ -221,7 +282,11 @@ async fn restart_replays(settings: RaftSettings, writes: u64) {
 
     let n = TestNode::start(1, dir.path(), l, settings.clone()).await;
     let (c, sm) = counter();
-    let g = n.node.start_group(GROUP, members.clone(), sm).await.unwrap();
+    let g = n
+        .node
+        .start_group(GROUP, members.clone(), sm)
+        .await
+        .unwrap();
     g.wait_for(WAIT, |s| s.role == Role::Leader).await.unwrap();
     assert_eq!(write_n(&g, writes).await, writes);
     drop(g);
@@ -231,7 +296,9 @@ async fn restart_replays(settings: RaftSettings, writes: u64) {
     let n = TestNode::start(1, dir.path(), l, settings).await;
     let (c2, sm) = counter();
     let g = n.node.start_group(GROUP, members, sm).await.unwrap();
-    g.wait_for(WAIT, |_| count_of(&c2) == writes).await.expect("replayed");
+    g.wait_for(WAIT, |_| count_of(&c2) == writes)
+        .await
+        .expect("replayed");
     assert_eq!(count_of(&c), writes);
     // Still writable after the restart.
     g.wait_for(WAIT, |s| s.role == Role::Leader).await.unwrap();
@@ -240,7 +307,17 @@ async fn restart_replays(settings: RaftSettings, writes: u64) {
     // Stopping with destroy drops the trees; a restart then starts empty.
     n.node.stop_group(GROUP, true).await.unwrap();
     assert!(n.node.group(GROUP).is_none());
-    assert!(matches!(n.node.stop_group(GROUP, false).await, Err(RaftError::GroupNotFound(GROUP))));
+    g.wait_for(WAIT, |s| s.role == Role::Shutdown)
+        .await
+        .expect("a stopped group reports Shutdown");
+    assert!(matches!(
+        g.write(b"late".to_vec()).await,
+        Err(RaftError::Stopped(_))
+    ));
+    assert!(matches!(
+        n.node.stop_group(GROUP, false).await,
+        Err(RaftError::GroupNotFound(GROUP))
+    ));
     n.kill().await;
 }
 
@@ -256,4 +333,93 @@ async fn restart_restores_the_snapshot_then_the_log() {
         ..settings()
     };
     restart_replays(s, 25).await;
+}
+
+/// A follower that was down while the others snapshotted and purged their
+/// logs past its end catches up through InstallSnapshot (a multi-chunk
+/// snapshot: 2.5 MiB of padding). openraft's leader does not purge what a
+/// lagging follower's replication still wants, so leadership first moves to
+/// the other follower, which has purged its own log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_follower_catches_up_by_snapshot() {
+    const PAD: usize = 5 * 512 * 1024;
+    let s = RaftSettings {
+        snapshot_every_entries: Some(100),
+        ..settings()
+    };
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut listeners = Vec::new();
+    let mut members = BTreeMap::new();
+    for id in 1..=3u64 {
+        let (l, addr) = bind().await;
+        listeners.push(l);
+        members.insert(id, addr);
+    }
+    let mut nodes = Vec::new();
+    let mut groups = Vec::new();
+    let mut counters = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let n = TestNode::start(i as u64 + 1, dirs[i].path(), l, s.clone()).await;
+        let (c, sm) = padded_counter(PAD);
+        groups.push(
+            n.node
+                .start_group(GROUP, members.clone(), sm)
+                .await
+                .unwrap(),
+        );
+        counters.push(c);
+        nodes.push(n);
+    }
+    let leader = agreed_leader(&groups.iter().collect::<Vec<_>>()).await;
+    let li = nodes.iter().position(|n| n.id == leader).unwrap();
+    assert_eq!(write_n(&groups[li], 5).await, 5);
+
+    // Take a follower down, then write well past the log the nodes keep.
+    let fi = (li + 1) % 3;
+    let lagging_id = nodes[fi].id;
+    let lagging = nodes.remove(fi);
+    groups.remove(fi);
+    counters.remove(fi);
+    lagging.kill().await;
+    let li = nodes.iter().position(|n| n.id == leader).unwrap();
+    let lg = groups[li].clone();
+    for batch in 0..13 {
+        let writes = (0..100).map(|i| lg.write(format!("b{batch}-{i}").into_bytes()));
+        for r in futures::future::join_all(writes).await {
+            r.expect("write");
+        }
+    }
+    let total = 5 + 1300;
+
+    // Hand leadership to the other follower once it has applied everything.
+    let oi = 1 - li;
+    let other_id = nodes[oi].id;
+    groups[oi]
+        .wait_for(WAIT, |_| count_of(&counters[oi]) == total)
+        .await
+        .unwrap();
+    lg.transfer_leader(other_id).await.expect("transfer");
+    groups[oi]
+        .wait_for(WAIT, |s| s.role == Role::Leader)
+        .await
+        .expect("leadership moved");
+
+    // Restart the lagging follower on its old directory and address.
+    let dir = dirs[(lagging_id - 1) as usize].path();
+    let l = TcpListener::bind(&members[&lagging_id]).await.unwrap();
+    let n = TestNode::start(lagging_id, dir, l, s).await;
+    let (c, sm) = padded_counter(PAD);
+    let g = n
+        .node
+        .start_group(GROUP, members.clone(), sm)
+        .await
+        .unwrap();
+    g.wait_for(WAIT, |_| count_of(&c) == total)
+        .await
+        .expect("follower catches up");
+    assert_eq!(write_n(&groups[oi], 1).await, total + 1);
+    nodes.push(n);
+    for n in nodes {
+        n.kill().await;
+    }
 }

@@ -55,10 +55,22 @@ pub const SESSION_OUTBOX: usize = 4096;
 pub type Outbox = mpsc::Sender<Result<pb::ConsumeResponse, Status>>;
 
 pub enum Event {
-    Open { session: SessionId, out: Outbox },
-    Pull { session: SessionId, pull: pb::PullRequest },
-    Ack { session: SessionId, stream_seq: u64, reply_id: u64 },
-    Close { session: SessionId },
+    Open {
+        session: SessionId,
+        out: Outbox,
+    },
+    Pull {
+        session: SessionId,
+        pull: pb::PullRequest,
+    },
+    Ack {
+        session: SessionId,
+        stream_seq: u64,
+        reply_id: u64,
+    },
+    Close {
+        session: SessionId,
+    },
 }
 
 /// Handle to a consumer's runtime task.
@@ -99,9 +111,17 @@ pub struct RuntimeContext {
 }
 
 enum WriteDone {
-    Deliver { assignments: Vec<Assignment>, result: Result<Vec<u8>, RaftError> },
-    Ack { acks: Vec<(SessionId, u64, u64)>, result: Result<Vec<u8>, RaftError> },
-    Config { result: Result<Vec<u8>, RaftError> },
+    Deliver {
+        assignments: Vec<Assignment>,
+        result: Result<Vec<u8>, RaftError>,
+    },
+    Ack {
+        acks: Vec<(SessionId, u64, u64)>,
+        result: Result<Vec<u8>, RaftError>,
+    },
+    Config {
+        result: Result<Vec<u8>, RaftError>,
+    },
 }
 
 type PullKey = (SessionId, u64);
@@ -160,7 +180,8 @@ impl Runner {
                 self.dispatch();
                 self.flush_acks();
             }
-            self.num_waiting.store(self.dispatcher.num_waiting() as u64, Ordering::Relaxed);
+            self.num_waiting
+                .store(self.dispatcher.num_waiting() as u64, Ordering::Relaxed);
             let wake = self.next_wake();
             tokio::select! {
                 ev = rx.recv() => match ev {
@@ -198,7 +219,11 @@ impl Runner {
         let now = now_ms();
         let mut at = self.dispatcher.next_expiry_ms();
         if self.leader && self.dispatcher.num_waiting() > 0 {
-            let redeliver = self.ctx.consumer.lock().map(|c| c.state().next_redelivery_ms());
+            let redeliver = self
+                .ctx
+                .consumer
+                .lock()
+                .map(|c| c.state().next_redelivery_ms());
             if let Ok(Some(r)) = redeliver {
                 at = Some(at.map_or(r, |a| a.min(r)));
             }
@@ -220,7 +245,11 @@ impl Runner {
                 self.sessions.insert(session, out);
             }
             Event::Pull { session, pull } => self.on_pull(session, pull),
-            Event::Ack { session, stream_seq, reply_id } => {
+            Event::Ack {
+                session,
+                stream_seq,
+                reply_id,
+            } => {
                 if self.leader && self.acks.len() < MAX_ACK_BATCH * 16 {
                     self.acks.push((session, stream_seq, reply_id));
                 } else if reply_id != 0 {
@@ -258,9 +287,16 @@ impl Runner {
         } else {
             None
         };
-        let max_waiting = self.ctx.consumer.lock().map(|c| c.state().config().max_waiting);
+        let max_waiting = self
+            .ctx
+            .consumer
+            .lock()
+            .map(|c| c.state().config().max_waiting);
         let max_waiting = max_waiting.unwrap_or(wharf_core::consumer::DEFAULT_MAX_WAITING);
-        match self.dispatcher.add_pull(session, pull.id, pull.batch, expires, max_waiting) {
+        match self
+            .dispatcher
+            .add_pull(session, pull.id, pull.batch, expires, max_waiting)
+        {
             Ok(()) => {
                 if pull.no_wait {
                     self.no_wait.insert((session, pull.id));
@@ -299,12 +335,20 @@ impl Runner {
         delivered: u32,
         text: String,
     ) {
-        let status = pb::PullStatus { pull_id, code: code as i32, text, delivered };
+        let status = pb::PullStatus {
+            pull_id,
+            code: code as i32,
+            text,
+            delivered,
+        };
         self.send(session, pb::consume_response::Kind::Status(status));
     }
 
     fn reply_ack(&self, session: SessionId, reply_id: u64, error: String) {
-        self.send(session, pb::consume_response::Kind::AckReply(pb::AckReply { reply_id, error }));
+        self.send(
+            session,
+            pb::consume_response::Kind::AckReply(pb::AckReply { reply_id, error }),
+        );
     }
 
     /// Record that a pull ended; its status goes out once its messages have.
@@ -349,7 +393,12 @@ impl Runner {
         self.config_inflight = true;
         let group = self.ctx.group.clone();
         self.writes.push(
-            async move { WriteDone::Config { result: group.write(cmd).await } }.boxed(),
+            async move {
+                WriteDone::Config {
+                    result: group.write(cmd).await,
+                }
+            }
+            .boxed(),
         );
     }
 
@@ -362,34 +411,49 @@ impl Runner {
                 else {
                     return;
                 };
-                self.dispatcher.plan(consumer.state(), stream.state(), now, MAX_DELIVER_BATCH)
+                self.dispatcher
+                    .plan(consumer.state(), stream.state(), now, MAX_DELIVER_BATCH)
             };
-            if plan.assignments.is_empty() && plan.gone.is_empty() {
-                return;
-            }
             for a in &plan.assignments {
-                *self.pull_inflight.entry((a.session, a.pull_id)).or_default() += 1;
+                *self
+                    .pull_inflight
+                    .entry((a.session, a.pull_id))
+                    .or_default() += 1;
             }
+            // Pulls the plan finished (filled, or expired while planning) end
+            // now, or after their in-flight messages if they have any.
             for f in plan.finished {
+                let key = (f.session, f.pull_id);
                 let code = match f.end {
                     PullEnd::Done => pb::pull_status::Code::Done,
+                    PullEnd::Expired if self.no_wait.contains(&key) && f.delivered == 0 => {
+                        pb::pull_status::Code::NoMessages
+                    }
                     PullEnd::Expired => pb::pull_status::Code::Expired,
                 };
-                self.end_pull((f.session, f.pull_id), code, f.delivered);
+                self.end_pull(key, code, f.delivered);
+            }
+            if plan.assignments.is_empty() && plan.gone.is_empty() {
+                return;
             }
             let cmd = ConsumerCommand::Deliver {
                 now_ms: now,
                 stream_seqs: plan.assignments.iter().map(|a| a.stream_seq).collect(),
                 gone: plan.gone,
             };
-            let Ok(cmd) = bincode::serialize(&cmd) else { return };
+            let Ok(cmd) = bincode::serialize(&cmd) else {
+                return;
+            };
             let group = self.ctx.group.clone();
             let assignments = plan.assignments;
             self.deliver_inflight += 1;
             self.writes.push(
                 async move {
                     let result = group.write(cmd).await;
-                    WriteDone::Deliver { assignments, result }
+                    WriteDone::Deliver {
+                        assignments,
+                        result,
+                    }
                 }
                 .boxed(),
             );
@@ -402,8 +466,12 @@ impl Runner {
         }
         let take = self.acks.len().min(MAX_ACK_BATCH);
         let acks: Vec<_> = self.acks.drain(..take).collect();
-        let cmd = ConsumerCommand::Ack { stream_seqs: acks.iter().map(|a| a.1).collect() };
-        let Ok(cmd) = bincode::serialize(&cmd) else { return };
+        let cmd = ConsumerCommand::Ack {
+            stream_seqs: acks.iter().map(|a| a.1).collect(),
+        };
+        let Ok(cmd) = bincode::serialize(&cmd) else {
+            return;
+        };
         let group = self.ctx.group.clone();
         self.ack_inflight = true;
         self.writes.push(
@@ -417,7 +485,10 @@ impl Runner {
 
     fn on_write_done(&mut self, done: WriteDone) {
         match done {
-            WriteDone::Deliver { assignments, result } => {
+            WriteDone::Deliver {
+                assignments,
+                result,
+            } => {
                 self.deliver_inflight -= 1;
                 let seqs: Vec<u64> = assignments.iter().map(|a| a.stream_seq).collect();
                 self.dispatcher.settle(&seqs);
@@ -456,7 +527,9 @@ impl Runner {
         let by_seq: HashMap<u64, &Assignment> =
             assignments.iter().map(|a| (a.stream_seq, a)).collect();
         for d in resp.deliveries() {
-            let Some(a) = by_seq.get(&d.stream_seq) else { continue };
+            let Some(a) = by_seq.get(&d.stream_seq) else {
+                continue;
+            };
             let msg = match read_message(&self.ctx.stream_tree, d.stream_seq) {
                 Ok(Some(m)) => m,
                 // Removed by limits since planning: it stays pending and is

@@ -19,9 +19,17 @@ use crate::error::ServerError;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ConsumerCommand {
-    Deliver { now_ms: i64, stream_seqs: Vec<u64>, gone: Vec<u64> },
-    Ack { stream_seqs: Vec<u64> },
-    UpdateConfig { config: ConsumerConfig },
+    Deliver {
+        now_ms: i64,
+        stream_seqs: Vec<u64>,
+        gone: Vec<u64>,
+    },
+    Ack {
+        stream_seqs: Vec<u64>,
+    },
+    UpdateConfig {
+        config: ConsumerConfig,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,7 +65,13 @@ pub struct ConsumerMachine {
 impl ConsumerMachine {
     pub fn new(config: ConsumerConfig) -> (Self, watch::Receiver<u64>) {
         let (tx, rx) = watch::channel(0);
-        (ConsumerMachine { state: ConsumerState::new(config), changes: tx }, rx)
+        (
+            ConsumerMachine {
+                state: ConsumerState::new(config),
+                changes: tx,
+            },
+            rx,
+        )
     }
 
     pub fn state(&self) -> &ConsumerState {
@@ -68,10 +82,16 @@ impl ConsumerMachine {
 impl StateMachine for ConsumerMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         let response = match bincode::deserialize::<ConsumerCommand>(command) {
-            Ok(ConsumerCommand::Deliver { now_ms, stream_seqs, gone }) => {
+            Ok(ConsumerCommand::Deliver {
+                now_ms,
+                stream_seqs,
+                gone,
+            }) => {
                 let d = self.state.apply_deliver(&stream_seqs, &gone, now_ms);
                 ConsumerResponse::Delivered(
-                    d.into_iter().map(|d| (d.stream_seq, d.consumer_seq, d.deliveries)).collect(),
+                    d.into_iter()
+                        .map(|d| (d.stream_seq, d.consumer_seq, d.deliveries))
+                        .collect(),
                 )
             }
             Ok(ConsumerCommand::Ack { stream_seqs }) => {

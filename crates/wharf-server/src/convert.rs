@@ -41,7 +41,11 @@ pub fn stream_config_to_pb(c: &StreamConfig) -> pb::StreamConfig {
 
 pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<ConsumerConfig> {
     let c = c.ok_or_else(|| ServerError::Invalid("consumer config is required".into()))?;
-    let filter = if c.filter_subject.is_empty() { None } else { Some(c.filter_subject) };
+    let filter = if c.filter_subject.is_empty() {
+        None
+    } else {
+        Some(c.filter_subject)
+    };
     let config = ConsumerConfig {
         name: c.name,
         filter_subject: filter,

@@ -30,11 +30,17 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(addrs: BTreeMap<NodeId, String>) -> Self {
-        Peers { addrs, clients: Mutex::new(HashMap::new()) }
+        Peers {
+            addrs,
+            clients: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn client(&self, node: NodeId) -> Result<WharfClient<Channel>> {
-        let mut clients = self.clients.lock().map_err(|_| ServerError::Internal("poisoned".into()))?;
+        let mut clients = self
+            .clients
+            .lock()
+            .map_err(|_| ServerError::Internal("poisoned".into()))?;
         if let Some(c) = clients.get(&node) {
             return Ok(c.clone());
         }
@@ -74,7 +80,10 @@ pub fn onward<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
         ));
     }
     let mut req = tonic::Request::new(msg);
-    let value = (hops + 1).to_string().parse().map_err(|_| ServerError::Internal("hops".into()))?;
+    let value = (hops + 1)
+        .to_string()
+        .parse()
+        .map_err(|_| ServerError::Internal("hops".into()))?;
     req.metadata_mut().insert(HOPS_HEADER, value);
     Ok(req)
 }

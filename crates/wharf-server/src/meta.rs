@@ -59,11 +59,26 @@ pub struct Catalog {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum MetaCommand {
-    AddStream { config: StreamConfig, now_ms: i64 },
-    DeleteStream { name: String },
-    AddConsumer { stream: String, config: ConsumerConfig, now_ms: i64 },
-    UpdateConsumer { stream: String, config: ConsumerConfig },
-    DeleteConsumer { stream: String, name: String },
+    AddStream {
+        config: StreamConfig,
+        now_ms: i64,
+    },
+    DeleteStream {
+        name: String,
+    },
+    AddConsumer {
+        stream: String,
+        config: ConsumerConfig,
+        now_ms: i64,
+    },
+    UpdateConsumer {
+        stream: String,
+        config: ConsumerConfig,
+    },
+    DeleteConsumer {
+        stream: String,
+        name: String,
+    },
 }
 
 /// What `apply` answers: the group id touched, or why the command was refused.
@@ -71,7 +86,11 @@ pub type MetaResponse = std::result::Result<GroupId, ServerError>;
 
 impl Catalog {
     pub fn new(nodes: BTreeMap<NodeId, String>) -> Self {
-        Catalog { nodes, next_group_id: 1, ..Default::default() }
+        Catalog {
+            nodes,
+            next_group_id: 1,
+            ..Default::default()
+        }
     }
 
     /// The stream whose subjects match `subject`, if any.
@@ -128,9 +147,11 @@ impl Catalog {
                 self.consumers.retain(|_, c| c.stream != name);
                 Ok(entry.group_id)
             }
-            MetaCommand::AddConsumer { stream, config, now_ms } => {
-                self.add_consumer(stream, config, now_ms)
-            }
+            MetaCommand::AddConsumer {
+                stream,
+                config,
+                now_ms,
+            } => self.add_consumer(stream, config, now_ms),
             MetaCommand::UpdateConsumer { stream, config } => {
                 let key = (stream.clone(), config.name.clone());
                 let entry = self.consumer(&stream, &config.name)?;
@@ -172,15 +193,32 @@ impl Catalog {
         let group_id = self.next_group_id;
         self.next_group_id += 1;
         let name = config.name.clone();
-        self.streams.insert(name, StreamEntry { config, group_id, replicas, created_ms: now_ms });
+        self.streams.insert(
+            name,
+            StreamEntry {
+                config,
+                group_id,
+                replicas,
+                created_ms: now_ms,
+            },
+        );
         Ok(group_id)
     }
 
-    fn add_consumer(&mut self, stream: String, config: ConsumerConfig, now_ms: i64) -> MetaResponse {
+    fn add_consumer(
+        &mut self,
+        stream: String,
+        config: ConsumerConfig,
+        now_ms: i64,
+    ) -> MetaResponse {
         config.validate()?;
         let stream_entry = self.stream(&stream)?;
         if let Some(filter) = &config.filter_subject {
-            let bound = stream_entry.config.subjects.iter().any(|s| filters_overlap(s, filter));
+            let bound = stream_entry
+                .config
+                .subjects
+                .iter()
+                .any(|s| filters_overlap(s, filter));
             if !bound {
                 return Err(ServerError::Invalid(format!(
                     "filter subject {filter:?} matches no subject of stream {stream:?}"
@@ -202,7 +240,13 @@ impl Catalog {
         self.next_group_id += 1;
         self.consumers.insert(
             key,
-            ConsumerEntry { stream, config, group_id, replicas, created_ms: now_ms },
+            ConsumerEntry {
+                stream,
+                config,
+                group_id,
+                replicas,
+                created_ms: now_ms,
+            },
         );
         Ok(group_id)
     }
@@ -218,7 +262,13 @@ pub struct MetaMachine {
 impl MetaMachine {
     pub fn new(nodes: BTreeMap<NodeId, String>) -> (Self, watch::Receiver<u64>) {
         let (tx, rx) = watch::channel(0);
-        (MetaMachine { catalog: Catalog::new(nodes), version: tx }, rx)
+        (
+            MetaMachine {
+                catalog: Catalog::new(nodes),
+                version: tx,
+            },
+            rx,
+        )
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -234,7 +284,9 @@ impl StateMachine for MetaMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
         let response: MetaResponse = match bincode::deserialize::<MetaCommand>(command) {
             Ok(cmd) => self.catalog.apply(cmd),
-            Err(e) => Err(ServerError::Internal(format!("undecodable meta command: {e}"))),
+            Err(e) => Err(ServerError::Internal(format!(
+                "undecodable meta command: {e}"
+            ))),
         };
         self.bump();
         bincode::serialize(&response).unwrap_or_default()

@@ -94,7 +94,10 @@ impl NodeInner {
     }
 
     pub fn catalog(&self) -> Catalog {
-        self.meta_sm.lock().map(|m| m.catalog().clone()).unwrap_or_default()
+        self.meta_sm
+            .lock()
+            .map(|m| m.catalog().clone())
+            .unwrap_or_default()
     }
 
     pub fn local_stream(&self, name: &str) -> Option<Arc<LocalStream>> {
@@ -102,7 +105,12 @@ impl NodeInner {
     }
 
     pub fn local_consumer(&self, stream: &str, name: &str) -> Option<Arc<LocalConsumer>> {
-        self.local.lock().ok()?.consumers.get(&(stream.to_string(), name.to_string())).cloned()
+        self.local
+            .lock()
+            .ok()?
+            .consumers
+            .get(&(stream.to_string(), name.to_string()))
+            .cloned()
     }
 }
 
@@ -122,14 +130,20 @@ impl Node {
         })?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .map_err(|e| ServerError::Invalid(format!("cannot listen on {}: {e}", config.listen)))?;
-        let local_addr = listener.local_addr().map_err(|e| ServerError::Internal(e.to_string()))?;
+            .map_err(|e| {
+                ServerError::Invalid(format!("cannot listen on {}: {e}", config.listen))
+            })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
         let raft = RaftNode::open(config.node_id, &config.data_dir, config.raft.clone())?;
 
         let (meta_machine, meta_version) = MetaMachine::new(config.peers.clone());
         let meta_sm = Arc::new(Mutex::new(meta_machine));
         let shared: SharedStateMachine = meta_sm.clone();
-        let meta = raft.start_group(META_GROUP, config.peers.clone(), shared).await?;
+        let meta = raft
+            .start_group(META_GROUP, config.peers.clone(), shared)
+            .await?;
 
         let inner = Arc::new(NodeInner {
             peers: Peers::new(config.peers.clone()),
@@ -142,10 +156,19 @@ impl Node {
             next_session: AtomicU64::new(1),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let server = tokio::spawn(crate::service::serve(inner.clone(), listener, shutdown_rx.clone()));
+        let server = tokio::spawn(crate::service::serve(
+            inner.clone(),
+            listener,
+            shutdown_rx.clone(),
+        ));
         tokio::spawn(reconcile_loop(inner.clone(), shutdown_rx));
         tracing::info!(node = inner.id(), addr = %local_addr, "wharf node started");
-        Ok(Node { inner, shutdown_tx, server, local_addr })
+        Ok(Node {
+            inner,
+            shutdown_tx,
+            server,
+            local_addr,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -193,7 +216,10 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
 
     // Stop what is gone (or was recreated under a new group id).
     let (stale_streams, stale_consumers) = {
-        let local = node.local.lock().map_err(|_| ServerError::Internal("poisoned".into()))?;
+        let local = node
+            .local
+            .lock()
+            .map_err(|_| ServerError::Internal("poisoned".into()))?;
         let streams: Vec<(String, GroupId)> = local
             .streams
             .iter()
@@ -234,8 +260,18 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
             .await?;
         let writer = StreamWriter::spawn(group.clone());
-        let local = LocalStream { group_id: entry.group_id, group, sm, tree, last_seq, writer };
-        node.local.lock().map(|mut l| l.streams.insert(name.clone(), Arc::new(local))).ok();
+        let local = LocalStream {
+            group_id: entry.group_id,
+            group,
+            sm,
+            tree,
+            last_seq,
+            writer,
+        };
+        node.local
+            .lock()
+            .map(|mut l| l.streams.insert(name.clone(), Arc::new(local)))
+            .ok();
         tracing::info!(stream = %name, group = entry.group_id, "stream group started");
     }
     for (key, entry) in &catalog.consumers {
@@ -250,7 +286,9 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             });
             continue;
         }
-        let Some(stream) = node.local_stream(&entry.stream) else { continue };
+        let Some(stream) = node.local_stream(&entry.stream) else {
+            continue;
+        };
         let (machine, changes) = ConsumerMachine::new(entry.config.clone());
         let sm = Arc::new(Mutex::new(machine));
         let shared: SharedStateMachine = sm.clone();
@@ -270,8 +308,17 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             stream_last_seq: stream.last_seq.clone(),
             desired_config: desired_rx,
         });
-        let local = LocalConsumer { group_id: entry.group_id, group, sm, runtime, desired };
-        node.local.lock().map(|mut l| l.consumers.insert(key.clone(), Arc::new(local))).ok();
+        let local = LocalConsumer {
+            group_id: entry.group_id,
+            group,
+            sm,
+            runtime,
+            desired,
+        };
+        node.local
+            .lock()
+            .map(|mut l| l.consumers.insert(key.clone(), Arc::new(local)))
+            .ok();
         tracing::info!(stream = %key.0, consumer = %key.1, group = entry.group_id, "consumer group started");
     }
     Ok(())

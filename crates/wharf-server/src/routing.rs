@@ -34,7 +34,9 @@ impl NodeInner {
                 let status = g
                     .wait_for(LEADER_WAIT, |s| s.leader.is_some())
                     .await
-                    .map_err(|_| ServerError::Unavailable(format!("group {} has no leader yet", g.id())))?;
+                    .map_err(|_| {
+                        ServerError::Unavailable(format!("group {} has no leader yet", g.id()))
+                    })?;
                 match status.leader {
                     Some(l) if l == self.id() => Ok(Route::Local),
                     Some(l) => Ok(Route::Remote(l)),
@@ -89,7 +91,9 @@ impl NodeInner {
         let mut version = self.meta_version.clone();
         while tokio::time::Instant::now() < deadline {
             if let Some(g) = self.raft.group(group_id) {
-                let _ = g.wait_for(Duration::from_secs(3), |s| s.leader.is_some()).await;
+                let _ = g
+                    .wait_for(Duration::from_secs(3), |s| s.leader.is_some())
+                    .await;
                 return;
             }
             let _ = tokio::time::timeout(Duration::from_millis(50), version.changed()).await;
@@ -99,9 +103,13 @@ impl NodeInner {
     pub async fn stream_info(&self, name: &str, hops: u32) -> Result<pb::StreamInfo> {
         let entry = self.find_stream(name).await?;
         let local = self.local_stream(name);
-        match self.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+        match self
+            .route(local.as_ref().map(|l| &l.group), &entry.replicas)
+            .await?
+        {
             Route::Local => {
-                let local = local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
+                let local =
+                    local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
                 let stats = local.sm.lock().map(|s| s.stats()).map_err(|_| poisoned())?;
                 let status = local.group.status();
                 let consumers = self.catalog().consumers_of(name).count() as u32;
@@ -124,18 +132,32 @@ impl NodeInner {
                 })
             }
             Route::Remote(n) => {
-                let req = onward(pb::GetStreamRequest { name: name.to_string() }, hops)?;
+                let req = onward(
+                    pb::GetStreamRequest {
+                        name: name.to_string(),
+                    },
+                    hops,
+                )?;
                 Ok(self.peers.client(n)?.get_stream(req).await?.into_inner())
             }
         }
     }
 
-    pub async fn consumer_info(&self, stream: &str, name: &str, hops: u32) -> Result<pb::ConsumerInfo> {
+    pub async fn consumer_info(
+        &self,
+        stream: &str,
+        name: &str,
+        hops: u32,
+    ) -> Result<pb::ConsumerInfo> {
         let entry = self.find_consumer(stream, name).await?;
         let local = self.local_consumer(stream, name);
-        match self.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+        match self
+            .route(local.as_ref().map(|l| &l.group), &entry.replicas)
+            .await?
+        {
             Route::Local => {
-                let local = local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
+                let local =
+                    local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
                 let stream_sm = self
                     .local_stream(stream)
                     .ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
@@ -181,7 +203,10 @@ impl NodeInner {
             }
             Route::Remote(n) => {
                 let req = onward(
-                    pb::GetConsumerRequest { stream: stream.to_string(), name: name.to_string() },
+                    pb::GetConsumerRequest {
+                        stream: stream.to_string(),
+                        name: name.to_string(),
+                    },
                     hops,
                 )?;
                 Ok(self.peers.client(n)?.get_consumer(req).await?.into_inner())

@@ -75,20 +75,36 @@ impl WharfService {
                     )))
                 }
                 Route::Remote(n) => {
-                    return Ok(node.peers.client(n)?.publish(onward(msg, hops)?).await?.into_inner())
+                    return Ok(node
+                        .peers
+                        .client(n)?
+                        .publish(onward(msg, hops)?)
+                        .await?
+                        .into_inner())
                 }
             },
         };
         let local = node.local_stream(&entry.config.name);
-        match node.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+        match node
+            .route(local.as_ref().map(|l| &l.group), &entry.replicas)
+            .await?
+        {
             Route::Local => {
-                let local = local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
+                let local =
+                    local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
                 let seq = local.writer.publish(msg.subject, msg.payload).await?;
-                Ok(pb::PublishAck { stream: entry.config.name, seq, ..Default::default() })
+                Ok(pb::PublishAck {
+                    stream: entry.config.name,
+                    seq,
+                    ..Default::default()
+                })
             }
-            Route::Remote(n) => {
-                Ok(node.peers.client(n)?.publish(onward(msg, hops)?).await?.into_inner())
-            }
+            Route::Remote(n) => Ok(node
+                .peers
+                .client(n)?
+                .publish(onward(msg, hops)?)
+                .await?
+                .into_inner()),
         }
     }
 
@@ -103,7 +119,11 @@ impl WharfService {
         retry(|| self.publish_once(msg.clone(), hops)).await
     }
 
-    async fn add_consumer_here(&self, stream: &str, config: wharf_core::consumer::ConsumerConfig) -> Result<()> {
+    async fn add_consumer_here(
+        &self,
+        stream: &str,
+        config: wharf_core::consumer::ConsumerConfig,
+    ) -> Result<()> {
         let gid = self
             .node
             .meta_write(MetaCommand::AddConsumer {
@@ -124,7 +144,12 @@ impl WharfService {
     ) -> Result<ResponseStream<pb::ConsumeResponse>> {
         let session = self.node.next_session.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
-        runtime.send(Event::Open { session, out: tx.clone() }).await?;
+        runtime
+            .send(Event::Open {
+                session,
+                out: tx.clone(),
+            })
+            .await?;
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
@@ -145,7 +170,9 @@ impl WharfService {
                     },
                     pb::consume_request::Kind::Open(_) => {
                         let _ = tx
-                            .send(Err(Status::invalid_argument("this session is already open")))
+                            .send(Err(Status::invalid_argument(
+                                "this session is already open",
+                            )))
                             .await;
                         break;
                     }
@@ -168,13 +195,21 @@ impl WharfService {
         hops: u32,
     ) -> Result<ResponseStream<pb::ConsumeResponse>> {
         let (up_tx, up_rx) = mpsc::channel(SESSION_OUTBOX);
-        let open = pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Open(open)) };
+        let open = pb::ConsumeRequest {
+            kind: Some(pb::consume_request::Kind::Open(open)),
+        };
         up_tx
             .send(open)
             .await
             .map_err(|_| ServerError::Internal("proxy channel closed".into()))?;
         let req = onward(ReceiverStream::new(up_rx), hops)?;
-        let mut upstream = self.node.peers.client(leader)?.consume(req).await?.into_inner();
+        let mut upstream = self
+            .node
+            .peers
+            .client(leader)?
+            .consume(req)
+            .await?
+            .into_inner();
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
                 if up_tx.send(m).await.is_err() {
@@ -221,14 +256,20 @@ impl Wharf for WharfService {
             match node.route_meta().await? {
                 Route::Local => {
                     let gid = node
-                        .meta_write(MetaCommand::AddStream { config: config.clone(), now_ms: now_ms() })
+                        .meta_write(MetaCommand::AddStream {
+                            config: config.clone(),
+                            now_ms: now_ms(),
+                        })
                         .await?;
                     node.wait_group_ready(gid).await;
                     node.stream_info(&config.name, hops).await
                 }
-                Route::Remote(n) => {
-                    Ok(node.peers.client(n)?.add_stream(onward(msg.clone(), hops)?).await?.into_inner())
-                }
+                Route::Remote(n) => Ok(node
+                    .peers
+                    .client(n)?
+                    .add_stream(onward(msg.clone(), hops)?)
+                    .await?
+                    .into_inner()),
             }
         })
         .await?;
@@ -253,7 +294,11 @@ impl Wharf for WharfService {
         let node = &self.node;
         if let Route::Remote(n) = node.route_meta().await? {
             if hops < crate::forward::MAX_HOPS {
-                let r = node.peers.client(n)?.list_streams(onward(req.into_inner(), hops)?).await;
+                let r = node
+                    .peers
+                    .client(n)?
+                    .list_streams(onward(req.into_inner(), hops)?)
+                    .await;
                 return Ok(r.map_err(ServerError::from)?);
             }
         }
@@ -274,7 +319,10 @@ impl Wharf for WharfService {
         retry(|| async {
             match node.route_meta().await? {
                 Route::Local => {
-                    node.meta_write(MetaCommand::DeleteStream { name: msg.name.clone() }).await?;
+                    node.meta_write(MetaCommand::DeleteStream {
+                        name: msg.name.clone(),
+                    })
+                    .await?;
                     Ok(pb::DeleteStreamResponse {})
                 }
                 Route::Remote(n) => Ok(node
@@ -305,7 +353,9 @@ impl Wharf for WharfService {
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let hops = hops(&req);
         let mut inbound = req.into_inner();
-        let service = WharfService { node: self.node.clone() };
+        let service = WharfService {
+            node: self.node.clone(),
+        };
         let (tx, rx) = mpsc::channel(PUBLISH_WINDOW);
         tokio::spawn(async move {
             let service = Arc::new(service);
@@ -427,8 +477,11 @@ impl Wharf for WharfService {
         let stream = req.into_inner().stream;
         let node = &self.node;
         node.find_stream(&stream).await?;
-        let names: Vec<String> =
-            node.catalog().consumers_of(&stream).map(|c| c.config.name.clone()).collect();
+        let names: Vec<String> = node
+            .catalog()
+            .consumers_of(&stream)
+            .map(|c| c.config.name.clone())
+            .collect();
         let mut consumers = Vec::new();
         for name in names {
             consumers.push(retry(|| node.consumer_info(&stream, &name, hops)).await?);
@@ -474,7 +527,9 @@ impl Wharf for WharfService {
         let hops = hops(&req);
         let mut inbound = req.into_inner();
         let open = match inbound.message().await? {
-            Some(pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Open(open)) }) => open,
+            Some(pb::ConsumeRequest {
+                kind: Some(pb::consume_request::Kind::Open(open)),
+            }) => open,
             _ => {
                 return Err(Status::invalid_argument(
                     "the first message of a Consume session must be `open`",
@@ -484,9 +539,13 @@ impl Wharf for WharfService {
         let node = &self.node;
         let entry = node.find_consumer(&open.stream, &open.consumer).await?;
         let local = node.local_consumer(&open.stream, &open.consumer);
-        let stream = match node.route(local.as_ref().map(|l| &l.group), &entry.replicas).await? {
+        let stream = match node
+            .route(local.as_ref().map(|l| &l.group), &entry.replicas)
+            .await?
+        {
             Route::Local => {
-                let local = local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
+                let local =
+                    local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
                 self.attach(local.runtime.clone(), inbound).await?
             }
             Route::Remote(n) => self.proxy(n, open, inbound, hops).await?,
@@ -498,6 +557,8 @@ impl Wharf for WharfService {
         &self,
         _req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        Ok(Response::new(crate::status::cluster_status(&self.node).await))
+        Ok(Response::new(
+            crate::status::cluster_status(&self.node).await,
+        ))
     }
 }

@@ -13,7 +13,13 @@ use crate::node::NodeInner;
 
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
 
-fn group_status(group: Option<Group>, id: u64, kind: &str, name: String, replicas: Vec<u64>) -> pb::GroupStatus {
+fn group_status(
+    group: Option<Group>,
+    id: u64,
+    kind: &str,
+    name: String,
+    replicas: Vec<u64>,
+) -> pb::GroupStatus {
     let status = group.map(|g| g.status());
     pb::GroupStatus {
         group_id: id,
@@ -31,7 +37,11 @@ pub async fn cluster_status(node: &NodeInner) -> pb::ClusterStatusResponse {
     let mut nodes = Vec::new();
     for (id, addr) in &node.config.peers {
         let up = *id == node.id() || node.raft.ping(addr, PING_TIMEOUT).await;
-        nodes.push(pb::NodeStatus { id: *id, addr: addr.clone(), up });
+        nodes.push(pb::NodeStatus {
+            id: *id,
+            addr: addr.clone(),
+            up,
+        });
     }
     let mut groups = vec![group_status(
         Some(node.meta.clone()),
@@ -42,12 +52,28 @@ pub async fn cluster_status(node: &NodeInner) -> pb::ClusterStatusResponse {
     )];
     for (name, s) in &catalog.streams {
         let g = node.raft.group(s.group_id);
-        groups.push(group_status(g, s.group_id, "stream", name.clone(), s.replicas.clone()));
+        groups.push(group_status(
+            g,
+            s.group_id,
+            "stream",
+            name.clone(),
+            s.replicas.clone(),
+        ));
     }
     for ((stream, name), c) in &catalog.consumers {
         let g = node.raft.group(c.group_id);
         let label = format!("{stream}/{name}");
-        groups.push(group_status(g, c.group_id, "consumer", label, c.replicas.clone()));
+        groups.push(group_status(
+            g,
+            c.group_id,
+            "consumer",
+            label,
+            c.replicas.clone(),
+        ));
     }
-    pb::ClusterStatusResponse { node_id: node.id(), nodes, groups }
+    pb::ClusterStatusResponse {
+        node_id: node.id(),
+        nodes,
+        groups,
+    }
 }

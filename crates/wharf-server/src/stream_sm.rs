@@ -31,10 +31,18 @@ pub struct PublishItem {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum StreamCommand {
     /// A batch of publishes, in arrival order.
-    Publish { now_ms: i64, items: Vec<PublishItem> },
+    Publish {
+        now_ms: i64,
+        items: Vec<PublishItem>,
+    },
     /// Remove messages older than max age.
-    Expire { now_ms: i64 },
-    UpdateConfig { config: StreamConfig, now_ms: i64 },
+    Expire {
+        now_ms: i64,
+    },
+    UpdateConfig {
+        config: StreamConfig,
+        now_ms: i64,
+    },
 }
 
 /// One result per published item: its sequence, or why it was refused.
@@ -63,7 +71,14 @@ pub struct StreamMachine {
 impl StreamMachine {
     pub fn new(config: StreamConfig, tree: sled::Tree) -> (Self, watch::Receiver<u64>) {
         let (tx, rx) = watch::channel(0);
-        (StreamMachine { state: StreamState::new(config), tree, last_seq: tx }, rx)
+        (
+            StreamMachine {
+                state: StreamState::new(config),
+                tree,
+                last_seq: tx,
+            },
+            rx,
+        )
     }
 
     pub fn state(&self) -> &StreamState {
@@ -78,7 +93,10 @@ impl StreamMachine {
         let mut batch = sled::Batch::default();
         let mut results = Vec::with_capacity(items.len());
         for item in items {
-            match self.state.append(&item.subject, item.payload.len() as u64, now_ms) {
+            match self
+                .state
+                .append(&item.subject, item.payload.len() as u64, now_ms)
+            {
                 Ok(appended) => {
                     let stored = StoredMessage {
                         subject: item.subject,
@@ -146,7 +164,9 @@ impl StateMachine for StreamMachine {
                         Err(e) => Err(e.into()),
                     }
                 }
-                Err(e) => Err(ServerError::Internal(format!("undecodable stream command: {e}"))),
+                Err(e) => Err(ServerError::Internal(format!(
+                    "undecodable stream command: {e}"
+                ))),
             };
         bincode::serialize(&response).unwrap_or_default()
     }
@@ -158,8 +178,11 @@ impl StateMachine for StreamMachine {
             let seq = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| "bad key")?);
             messages.push((seq, bincode::deserialize(&v).map_err(|e| e.to_string())?));
         }
-        bincode::serialize(&Snapshot { state: self.state.clone(), messages })
-            .map_err(|e| e.to_string())
+        bincode::serialize(&Snapshot {
+            state: self.state.clone(),
+            messages,
+        })
+        .map_err(|e| e.to_string())
     }
 
     fn restore(&mut self, data: &[u8]) -> std::result::Result<(), String> {
@@ -167,7 +190,10 @@ impl StateMachine for StreamMachine {
         self.tree.clear().map_err(|e| e.to_string())?;
         let mut batch = sled::Batch::default();
         for (seq, msg) in &snap.messages {
-            batch.insert(&seq.to_be_bytes(), bincode::serialize(msg).map_err(|e| e.to_string())?);
+            batch.insert(
+                &seq.to_be_bytes(),
+                bincode::serialize(msg).map_err(|e| e.to_string())?,
+            );
         }
         self.tree.apply_batch(batch).map_err(|e| e.to_string())?;
         self.state = snap.state;

@@ -42,7 +42,8 @@ impl StreamWriter {
             .send((PublishItem { subject, payload }, reply))
             .await
             .map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?;
-        rx.await.map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?
+        rx.await
+            .map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?
     }
 }
 
@@ -83,7 +84,10 @@ async fn run(group: Group, mut rx: mpsc::Receiver<(PublishItem, Reply)>) {
 
 async fn commit(group: Group, batch: Vec<(PublishItem, Reply)>) {
     let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-    let cmd = StreamCommand::Publish { now_ms: now_ms(), items };
+    let cmd = StreamCommand::Publish {
+        now_ms: now_ms(),
+        items,
+    };
     let outcome: Result<PublishResults> = async {
         let bytes = group.write(bincode::serialize(&cmd)?).await?;
         bincode::deserialize::<std::result::Result<PublishResults, ServerError>>(&bytes)?

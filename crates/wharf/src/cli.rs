@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "wharf", version, about = "Wharf: a Raft-replicated message broker with shared pull consumers")]
+#[command(
+    name = "wharf",
+    version,
+    about = "Wharf: a Raft-replicated message broker with shared pull consumers"
+)]
 pub struct Cli {
     /// Servers to contact, comma-separated host:port (any node will do).
     #[arg(long, global = true, env = "WHARF_SERVER", default_value = wharf_client::DEFAULT_SERVERS)]

@@ -13,9 +13,14 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
     match command {
         Command::Stream(cmd) => stream(&client, cmd).await,
         Command::Pub(args) => {
-            let ack = client.publish(&args.subject, args.payload.into_bytes()).await?;
+            let ack = client
+                .publish(&args.subject, args.payload.into_bytes())
+                .await?;
             if args.json {
-                println!("{}", serde_json::json!({"stream": ack.stream, "seq": ack.seq}));
+                println!(
+                    "{}",
+                    serde_json::json!({"stream": ack.stream, "seq": ack.seq})
+                );
             } else {
                 println!("Stored in stream {} at sequence {}", ack.stream, ack.seq);
             }
@@ -25,7 +30,10 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
         Command::Cluster(ClusterCmd::Status { json }) => {
             let status = client.cluster_status().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&format::cluster_json(&status))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&format::cluster_json(&status))?
+                );
             } else {
                 print!("{}", format::cluster_text(&status));
             }
@@ -72,7 +80,10 @@ async fn stream(client: &Client, cmd: StreamCmd) -> Result<()> {
 
 fn print_stream(info: &pb::StreamInfo, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&format::stream_json(info))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&format::stream_json(info))?
+        );
     } else {
         print!("{}", format::stream_text(info));
     }
@@ -81,7 +92,10 @@ fn print_stream(info: &pb::StreamInfo, json: bool) -> Result<()> {
 
 fn print_consumer(info: &pb::ConsumerInfo, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&format::consumer_json(info))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&format::consumer_json(info))?
+        );
     } else {
         print!("{}", format::consumer_text(info));
     }
@@ -152,7 +166,10 @@ async fn next(client: &Client, args: NextArgs) -> Result<()> {
     let mut consumer = client.consumer(&args.stream, &args.name);
     let messages = consumer.fetch(args.count, args.wait).await?;
     if messages.is_empty() {
-        bail!("no message received within {}", humantime::format_duration(args.wait));
+        bail!(
+            "no message received within {}",
+            humantime::format_duration(args.wait)
+        );
     }
     for m in &messages {
         if args.json {

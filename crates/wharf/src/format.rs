@@ -9,7 +9,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -40,12 +40,15 @@ fn time(ms: i64) -> String {
 }
 
 fn replicas(ids: &[u64]) -> String {
-    ids.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+    ids.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn stream_json(info: &pb::StreamInfo) -> Value {
     let c = info.config.clone().unwrap_or_default();
-    let s = info.state.clone().unwrap_or_default();
+    let s = info.state.unwrap_or_default();
     let cl = info.cluster.clone().unwrap_or_default();
     json!({
         "config": {
@@ -73,9 +76,13 @@ pub fn stream_json(info: &pb::StreamInfo) -> Value {
 
 pub fn stream_text(info: &pb::StreamInfo) -> String {
     let c = info.config.clone().unwrap_or_default();
-    let s = info.state.clone().unwrap_or_default();
+    let s = info.state.unwrap_or_default();
     let cl = info.cluster.clone().unwrap_or_default();
-    let mut out = format!("Information for Stream {} created {}\n\n", c.name, time(info.created_ms));
+    let mut out = format!(
+        "Information for Stream {} created {}\n\n",
+        c.name,
+        time(info.created_ms)
+    );
     out += &rows(
         "Configuration",
         &[
@@ -85,11 +92,27 @@ pub fn stream_text(info: &pb::StreamInfo) -> String {
             ("Discard Policy", "Old".into()),
             ("Maximum Messages", limit(c.max_msgs)),
             ("Maximum Bytes", limit(c.max_bytes)),
-            ("Maximum Age", if c.max_age_ms == 0 { "unlimited".into() } else { format!("{}ms", c.max_age_ms) }),
-            ("Maximum Message Size", thousands(c.max_msg_size.max(0) as u64)),
+            (
+                "Maximum Age",
+                if c.max_age_ms == 0 {
+                    "unlimited".into()
+                } else {
+                    format!("{}ms", c.max_age_ms)
+                },
+            ),
+            (
+                "Maximum Message Size",
+                thousands(c.max_msg_size.max(0) as u64),
+            ),
         ],
     );
-    out += &rows("Cluster Information", &[("Leader", cl.leader.to_string()), ("Replicas", replicas(&cl.replicas))]);
+    out += &rows(
+        "Cluster Information",
+        &[
+            ("Leader", cl.leader.to_string()),
+            ("Replicas", replicas(&cl.replicas)),
+        ],
+    );
     out += &rows(
         "State",
         &[
@@ -107,10 +130,13 @@ pub fn stream_table(streams: &[pb::StreamInfo]) -> String {
     if streams.is_empty() {
         return "No streams defined\n".into();
     }
-    let mut out = format!("{:<20} {:>12} {:>14} {:>10} {:>8}\n", "Name", "Messages", "Bytes", "Last Seq", "Leader");
+    let mut out = format!(
+        "{:<20} {:>12} {:>14} {:>10} {:>8}\n",
+        "Name", "Messages", "Bytes", "Last Seq", "Leader"
+    );
     for s in streams {
         let c = s.config.clone().unwrap_or_default();
-        let st = s.state.clone().unwrap_or_default();
+        let st = s.state.unwrap_or_default();
         let leader = s.cluster.as_ref().map(|c| c.leader).unwrap_or(0);
         out += &format!(
             "{:<20} {:>12} {:>14} {:>10} {:>8}\n",
@@ -163,7 +189,11 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
         info.name,
         time(info.created_ms)
     );
-    let filter = if c.filter_subject.is_empty() { "(all subjects)".into() } else { c.filter_subject.clone() };
+    let filter = if c.filter_subject.is_empty() {
+        "(all subjects)".into()
+    } else {
+        c.filter_subject.clone()
+    };
     out += &rows(
         "Configuration",
         &[
@@ -176,21 +206,50 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
             ("Max Waiting Pulls", thousands(c.max_waiting.max(0) as u64)),
         ],
     );
-    out += &rows("Cluster Information", &[("Leader", cl.leader.to_string()), ("Replicas", replicas(&cl.replicas))]);
+    out += &rows(
+        "Cluster Information",
+        &[
+            ("Leader", cl.leader.to_string()),
+            ("Replicas", replicas(&cl.replicas)),
+        ],
+    );
     let outstanding = if c.max_ack_pending < 0 {
         thousands(info.num_ack_pending)
     } else {
-        format!("{} out of maximum {}", thousands(info.num_ack_pending), thousands(c.max_ack_pending as u64))
+        format!(
+            "{} out of maximum {}",
+            thousands(info.num_ack_pending),
+            thousands(c.max_ack_pending as u64)
+        )
     };
     out += &rows(
         "State",
         &[
-            ("Last Delivered Message", format!("Consumer sequence: {} Stream sequence: {}", d.consumer_seq, d.stream_seq)),
-            ("Acknowledgment Floor", format!("Consumer sequence: {} Stream sequence: {}", f.consumer_seq, f.stream_seq)),
+            (
+                "Last Delivered Message",
+                format!(
+                    "Consumer sequence: {} Stream sequence: {}",
+                    d.consumer_seq, d.stream_seq
+                ),
+            ),
+            (
+                "Acknowledgment Floor",
+                format!(
+                    "Consumer sequence: {} Stream sequence: {}",
+                    f.consumer_seq, f.stream_seq
+                ),
+            ),
             ("Outstanding Acks", outstanding),
             ("Redelivered Messages", thousands(info.num_redelivered)),
             ("Unprocessed Messages", thousands(info.num_pending)),
-            ("Waiting Pulls", format!("{} of maximum {}", thousands(info.num_waiting), thousands(c.max_waiting.max(0) as u64))),
+            (
+                "Waiting Pulls",
+                format!(
+                    "{} of maximum {}",
+                    thousands(info.num_waiting),
+                    thousands(c.max_waiting.max(0) as u64)
+                ),
+            ),
         ],
     );
     out
@@ -200,7 +259,10 @@ pub fn consumer_table(consumers: &[pb::ConsumerInfo]) -> String {
     if consumers.is_empty() {
         return "No consumers defined\n".into();
     }
-    let mut out = format!("{:<20} {:>12} {:>12} {:>12} {:>8}\n", "Name", "Ack Pending", "Unprocessed", "Redelivered", "Leader");
+    let mut out = format!(
+        "{:<20} {:>12} {:>12} {:>12} {:>8}\n",
+        "Name", "Ack Pending", "Unprocessed", "Redelivered", "Leader"
+    );
     for c in consumers {
         let leader = c.cluster.as_ref().map(|c| c.leader).unwrap_or(0);
         out += &format!(
@@ -249,13 +311,28 @@ pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
 }
 
 pub fn cluster_text(s: &pb::ClusterStatusResponse) -> String {
-    let mut out = format!("Cluster status (as seen by node {})\n\nNodes:\n\n", s.node_id);
+    let mut out = format!(
+        "Cluster status (as seen by node {})\n\nNodes:\n\n",
+        s.node_id
+    );
     for n in &s.nodes {
-        out += &format!("  {:>3}  {:<24} {}\n", n.id, n.addr, if n.up { "up" } else { "DOWN" });
+        out += &format!(
+            "  {:>3}  {:<24} {}\n",
+            n.id,
+            n.addr,
+            if n.up { "up" } else { "DOWN" }
+        );
     }
-    out += &format!("\nGroups:\n\n  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n", "Group", "Kind", "Name", "Leader", "Term", "Replicas");
+    out += &format!(
+        "\nGroups:\n\n  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n",
+        "Group", "Kind", "Name", "Leader", "Term", "Replicas"
+    );
     for g in &s.groups {
-        let leader = if g.leader == 0 { "-".to_string() } else { g.leader.to_string() };
+        let leader = if g.leader == 0 {
+            "-".to_string()
+        } else {
+            g.leader.to_string()
+        };
         out += &format!(
             "  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n",
             g.group_id,

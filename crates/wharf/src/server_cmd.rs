@@ -10,7 +10,12 @@ use crate::cli::{DevArgs, RaftArgs, ServerArgs};
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn settings(args: &RaftArgs) -> RaftSettings {
@@ -29,7 +34,10 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
         let Some((id, addr)) = part.split_once('=') else {
             bail!("bad peer {part:?}: expected id=host:port");
         };
-        let id: u64 = id.trim().parse().with_context(|| format!("bad node id in {part:?}"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("bad node id in {part:?}"))?;
         if addr.trim().is_empty() || !addr.contains(':') {
             bail!("bad peer address in {part:?}: expected host:port");
         }
@@ -76,8 +84,9 @@ pub async fn server(args: ServerArgs) -> Result<()> {
 
 pub async fn dev(args: DevArgs) -> Result<()> {
     init_logging();
-    let peers: BTreeMap<u64, String> =
-        (1..=3).map(|i| (i, format!("127.0.0.1:{}", 7000 + i))).collect();
+    let peers: BTreeMap<u64, String> = (1..=3)
+        .map(|i| (i, format!("127.0.0.1:{}", 7000 + i)))
+        .collect();
     let mut nodes = Vec::new();
     for (id, addr) in &peers {
         let config = NodeConfig {

@@ -4,7 +4,10 @@
 use std::process::Command;
 
 fn wharf(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wharf")).args(args).output().expect("run wharf")
+    Command::new(env!("CARGO_BIN_EXE_wharf"))
+        .args(args)
+        .output()
+        .expect("run wharf")
 }
 
 fn stderr(out: &std::process::Output) -> String {
@@ -23,13 +26,26 @@ fn usage_errors_exit_one() {
     for args in [
         vec!["stream"],
         vec!["consumer", "next", "ORDERS"],
-        vec!["consumer", "next", "ORDERS", "shipping", "--ack", "--no-ack"],
-        vec!["consumer", "add", "ORDERS", "shipping", "--ack-wait", "soon"],
+        vec![
+            "consumer", "next", "ORDERS", "shipping", "--ack", "--no-ack",
+        ],
+        vec![
+            "consumer",
+            "add",
+            "ORDERS",
+            "shipping",
+            "--ack-wait",
+            "soon",
+        ],
         vec!["frobnicate"],
     ] {
         let out = wharf(&args);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
-        assert!(!stderr(&out).contains("panicked"), "{args:?}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
     }
 }
 
@@ -43,7 +59,17 @@ fn bad_server_arguments_exit_one() {
         ("two=127.0.0.1:1", "bad node id"),
         ("2", "expected id=host:port"),
     ] {
-        let out = wharf(&["server", "--node-id", "2", "--listen", "127.0.0.1:0", "--data", data, "--peers", peers]);
+        let out = wharf(&[
+            "server",
+            "--node-id",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data,
+            "--peers",
+            peers,
+        ]);
         assert_eq!(out.status.code(), Some(1), "{peers}: {}", stderr(&out));
         assert!(stderr(&out).contains(why), "{peers}: {}", stderr(&out));
     }
@@ -51,7 +77,11 @@ fn bad_server_arguments_exit_one() {
 
 #[test]
 fn unreachable_cluster_is_an_error_not_a_hang() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let server = format!("127.0.0.1:{port}");
     let out = wharf(&["--server", &server, "--retry-for", "1s", "stream", "ls"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
