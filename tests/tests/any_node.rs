@@ -74,14 +74,15 @@ async fn a_worker_that_disconnects_loses_its_waiting_pull_at_once() -> anyhow::R
 
     // Worker A asks and waits, then dies.
     let mut a = cluster.wharf_spawn(&["consumer", "next", "ORDERS", "shipping", "--wait", "60s"]);
-    eventually("worker A's pull waits", Duration::from_secs(20), || async {
+    let waiting = eventually("worker A's pull waits", Duration::from_secs(20), || async {
         let info =
             json(&cluster.wharf(&["consumer", "info", "ORDERS", "shipping", "--json"])).ok()?;
         (info["num_waiting"] == 1).then_some(())
     })
-    .await?;
-    a.kill()?;
+    .await;
+    let _ = a.kill();
     a.wait()?;
+    waiting?;
     eventually(
         "worker A's pull withdrawn",
         Duration::from_secs(5),

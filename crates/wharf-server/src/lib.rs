@@ -13,6 +13,7 @@ mod consumer_sm;
 mod convert;
 pub mod error;
 mod forward;
+mod health;
 pub mod meta;
 mod node;
 mod routing;

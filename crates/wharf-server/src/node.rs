@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use wharf_core::consumer::ConsumerConfig;
-use wharf_raft::{Group, GroupId, NodeId, RaftNode, RaftSettings, SharedStateMachine};
+use wharf_raft::{Group, GroupId, NodeId, RaftNode, RaftSettings, Role, SharedStateMachine};
 
 use crate::consumer_runtime::{ConsumerRuntime, RuntimeContext};
 use crate::consumer_sm::ConsumerMachine;
@@ -86,6 +86,8 @@ pub(crate) struct NodeInner {
     pub local: Mutex<Local>,
     pub peers: Peers,
     pub next_session: AtomicU64,
+    /// Set when shutdown begins: health turns NOT_SERVING.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl NodeInner {
@@ -154,6 +156,7 @@ impl Node {
             meta_version,
             local: Mutex::new(Local::default()),
             next_session: AtomicU64::new(1),
+            draining: Default::default(),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let server = tokio::spawn(crate::service::serve(
@@ -179,11 +182,53 @@ impl Node {
         self.inner.id()
     }
 
-    /// Stop serving, stop every group, flush the database.
+    /// Hand leadership of every group this node leads to another replica,
+    /// then stop serving, stop every group and flush the database. Clients see
+    /// leaders move, not errors: the node keeps forwarding while it hands over.
     pub async fn shutdown(self) {
+        self.inner
+            .draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        hand_over_leadership(&self.inner).await;
         let _ = self.shutdown_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
         self.inner.raft.shutdown().await;
+    }
+}
+
+/// How long shutdown waits for leadership to move away, in all.
+const HANDOVER_DEADLINE: Duration = Duration::from_secs(10);
+/// How long one transfer to one target may take before the next is tried.
+const TRANSFER_WAIT: Duration = Duration::from_secs(3);
+
+async fn hand_over_leadership(node: &NodeInner) {
+    let me = node.id();
+    let mut transfers = Vec::new();
+    for group in node.raft.groups() {
+        let status = group.status();
+        if status.role != Role::Leader {
+            continue;
+        }
+        let targets: Vec<NodeId> = status.voters.iter().copied().filter(|v| *v != me).collect();
+        transfers.push(async move {
+            for to in targets {
+                if let Err(e) = group.transfer_leader(to).await {
+                    tracing::warn!(group = group.id(), to, "transfer leadership: {e}");
+                    continue;
+                }
+                let moved = |s: &wharf_raft::GroupStatus| s.leader.is_some_and(|l| l != me);
+                if group.wait_for(TRANSFER_WAIT, moved).await.is_ok() {
+                    tracing::info!(group = group.id(), to, "leadership handed over");
+                    return;
+                }
+            }
+        });
+    }
+    if tokio::time::timeout(HANDOVER_DEADLINE, futures::future::join_all(transfers))
+        .await
+        .is_err()
+    {
+        tracing::warn!("leadership handover did not finish within {HANDOVER_DEADLINE:?}");
     }
 }
 

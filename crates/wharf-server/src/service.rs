@@ -37,7 +37,11 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<WharfServer<WharfService>>().await;
+    tokio::spawn(crate::health::report(
+        node.clone(),
+        reporter,
+        shutdown.clone(),
+    ));
     let wharf = WharfServer::new(WharfService { node: node.clone() })
         .max_decoding_message_size(2 * MAX_MSG_SIZE_LIMIT as usize);
     let result = tonic::transport::Server::builder()

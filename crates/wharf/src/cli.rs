@@ -40,24 +40,40 @@ pub enum Command {
     /// Cluster state.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Load the cluster and report throughput and latency percentiles.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
-    /// This node's id (1 or more); must appear in --peers.
-    #[arg(long)]
-    pub node_id: u64,
-    /// Address to serve clients and peers on.
-    #[arg(long)]
-    pub listen: std::net::SocketAddr,
+    /// A TOML file with any of the settings below (node_id, listen, data,
+    /// peers, heartbeat_ms, election_min_ms, election_max_ms). Flags and
+    /// environment variables override it.
+    #[arg(long, env = "WHARF_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This node's id (1 or more; must appear in --peers), or `ordinal`: the
+    /// trailing number of the host name plus one (StatefulSet pod wharf-0 is node 1).
+    #[arg(long, env = "WHARF_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Address to serve clients and peers on, e.g. 0.0.0.0:7001.
+    #[arg(long, env = "WHARF_LISTEN")]
+    pub listen: Option<String>,
     /// Data directory (created if missing).
-    #[arg(long)]
-    pub data: PathBuf,
-    /// Every node of the cluster: id=host:port,...
-    #[arg(long)]
-    pub peers: String,
-    #[command(flatten)]
-    pub raft: RaftArgs,
+    #[arg(long, env = "WHARF_DATA")]
+    pub data: Option<PathBuf>,
+    /// Every node of the cluster: id=host:port,... Host names may not resolve
+    /// yet; they are looked up again on every reconnect.
+    #[arg(long, env = "WHARF_PEERS")]
+    pub peers: Option<String>,
+    /// Raft heartbeat interval of every group [default: 200].
+    #[arg(long, env = "WHARF_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Smallest election timeout [default: 800].
+    #[arg(long, env = "WHARF_ELECTION_MIN_MS")]
+    pub election_min_ms: Option<u64>,
+    /// Largest election timeout [default: 1600].
+    #[arg(long, env = "WHARF_ELECTION_MAX_MS")]
+    pub election_max_ms: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]

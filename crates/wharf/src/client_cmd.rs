@@ -39,7 +39,9 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
             }
             Ok(())
         }
-        Command::Server(_) | Command::Dev(_) => unreachable!("handled in main"),
+        Command::Server(_) | Command::Dev(_) | Command::Bench(_) => {
+            unreachable!("handled in main")
+        }
     }
 }
 

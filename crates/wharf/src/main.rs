@@ -3,10 +3,12 @@
 //! Every failure prints `error: <message>` on stderr and exits with code 1;
 //! usage errors from the argument parser exit with 1 as well.
 
+mod bench;
 mod cli;
 mod client_cmd;
 mod format;
 mod server_cmd;
+mod server_config;
 
 use std::process::ExitCode;
 
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         match cli.command {
             cli::Command::Server(args) => server_cmd::server(args).await,
             cli::Command::Dev(args) => server_cmd::dev(args).await,
+            cli::Command::Bench(args) => bench::run(&cli.server, cli.retry_for, args).await,
             command => client_cmd::run(&cli.server, cli.retry_for, command).await,
         }
     });

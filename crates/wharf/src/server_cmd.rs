@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use wharf_server::{Node, NodeConfig, RaftSettings};
 
 use crate::cli::{DevArgs, RaftArgs, ServerArgs};
@@ -27,30 +27,6 @@ fn settings(args: &RaftArgs) -> RaftSettings {
     }
 }
 
-/// Parse `1=host:port,2=host:port,...`.
-pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
-    let mut peers = BTreeMap::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let Some((id, addr)) = part.split_once('=') else {
-            bail!("bad peer {part:?}: expected id=host:port");
-        };
-        let id: u64 = id
-            .trim()
-            .parse()
-            .with_context(|| format!("bad node id in {part:?}"))?;
-        if addr.trim().is_empty() || !addr.contains(':') {
-            bail!("bad peer address in {part:?}: expected host:port");
-        }
-        if peers.insert(id, addr.trim().to_string()).is_some() {
-            bail!("node id {id} appears twice in --peers");
-        }
-    }
-    if peers.is_empty() {
-        bail!("--peers is empty");
-    }
-    Ok(peers)
-}
-
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -68,13 +44,7 @@ async fn shutdown_signal() {
 
 pub async fn server(args: ServerArgs) -> Result<()> {
     init_logging();
-    let config = NodeConfig {
-        node_id: args.node_id,
-        listen: args.listen,
-        data_dir: args.data,
-        peers: parse_peers(&args.peers)?,
-        raft: settings(&args.raft),
-    };
+    let config = crate::server_config::resolve(args)?;
     let node = Node::start(config).await?;
     shutdown_signal().await;
     tracing::info!("shutting down");

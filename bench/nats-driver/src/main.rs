@@ -1,0 +1,388 @@
+//! `nats-bench-driver`: `wharf bench`'s workloads run against NATS JetStream
+//! through the `async-nats` crate, with the same flags (the flag and report
+//! code is included from `crates/wharf/src/bench/`) and the same JSON report,
+//! so `bench/compare.sh` can put the two side by side.
+//!
+//! The mapping, one for one with `wharf bench`:
+//! - stream: file storage, `--replicas`, one subject; consumer: durable pull,
+//!   explicit ack, AckWait 30 s, `--max-ack-pending`;
+//! - sync publish: `jetstream.publish(..)` then await its ack;
+//! - async publish: up to `--window` ack futures outstanding per publisher;
+//! - worker: fetch `--batch` (expires 500 ms), then `double_ack` each message
+//!   (an ack the server confirms, like Wharf's committed ack);
+//! - publisher and worker `i` connect to server `i % servers` first.
+//!
+//! `leader --stream NAME` prints the server name of the stream's leader (for
+//! the failover run).
+
+#[path = "../../../crates/wharf/src/bench/args.rs"]
+mod args;
+#[path = "../../../crates/wharf/src/bench/report.rs"]
+mod report;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use async_nats::jetstream::{self, consumer::pull, stream::StorageType};
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use tokio::sync::{mpsc, Semaphore};
+
+use args::BenchArgs;
+use report::{payload, Clock, Pacer, Progress, PubStats, Report, SubStats};
+
+const FETCH_WAIT: Duration = Duration::from_millis(500);
+const IDLE_LIMIT: Duration = Duration::from_secs(10);
+const FILL_WINDOW: u32 = 256;
+
+#[derive(Parser)]
+struct Cli {
+    /// NATS servers, comma-separated host:port.
+    #[arg(long, global = true, default_value = "127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224")]
+    server: String,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a workload (same flags as `wharf bench`).
+    Bench(BenchArgs),
+    /// Print the server name of a stream's leader.
+    Leader {
+        #[arg(long, default_value = "BENCH")]
+        stream: String,
+    },
+    /// Delete a stream if it exists.
+    Rm {
+        #[arg(long, default_value = "BENCH")]
+        stream: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let addrs: Vec<String> = cli
+        .server
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| if s.contains("://") { s.to_string() } else { format!("nats://{s}") })
+        .collect();
+    if addrs.is_empty() {
+        bail!("no server address given");
+    }
+    match cli.command {
+        Cmd::Bench(args) => bench(&addrs, args).await,
+        Cmd::Leader { stream } => {
+            let js = jetstream::new(connect(&addrs, 0).await?);
+            let info = js.get_stream(&stream).await?.info().await?.clone();
+            let leader = info.cluster.and_then(|c| c.leader).unwrap_or_default();
+            println!("{leader}");
+            Ok(())
+        }
+        Cmd::Rm { stream } => {
+            let js = jetstream::new(connect(&addrs, 0).await?);
+            let _ = js.delete_stream(&stream).await;
+            Ok(())
+        }
+    }
+}
+
+/// A connection that tries `addrs[i % n]` first, then the others in order.
+async fn connect(addrs: &[String], i: u32) -> Result<async_nats::Client> {
+    let k = i as usize % addrs.len();
+    let mut order = addrs[k..].to_vec();
+    order.extend_from_slice(&addrs[..k]);
+    let opts = async_nats::ConnectOptions::new()
+        .retain_servers_order()
+        .connection_timeout(Duration::from_secs(2));
+    async_nats::connect_with_options(order.join(","), opts)
+        .await
+        .with_context(|| format!("connecting to {}", order[0]))
+}
+
+async fn bench(addrs: &[String], args: BenchArgs) -> Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    let js = jetstream::new(connect(addrs, 0).await?);
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: args.stream.clone(),
+            subjects: vec![args.subject.clone()],
+            num_replicas: args.replicas as usize,
+            storage: StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("cannot create stream {}", args.stream))?;
+    if args.subs > 0 {
+        stream
+            .create_consumer(pull::Config {
+                durable_name: Some(args.consumer.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: args.max_ack_pending,
+                ..Default::default()
+            })
+            .await?;
+    }
+    let outcome = measure(addrs, &args).await;
+    if !args.keep {
+        if let Err(e) = js.delete_stream(&args.stream).await {
+            eprintln!("warning: could not delete stream {}: {e}", args.stream);
+        }
+    }
+    let report = outcome?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        println!("{}", report.to_text());
+    }
+    Ok(())
+}
+
+async fn measure<'a>(addrs: &[String], args: &'a BenchArgs) -> Result<Report<'a>> {
+    let clock = Clock::new();
+    let mut notes = Vec::new();
+    if args.pubs == 0 {
+        let fill = BenchArgs {
+            window: FILL_WINDOW,
+            rate: 0,
+            pubs: 1,
+            ..args.clone()
+        };
+        let js = jetstream::new(connect(addrs, 0).await?);
+        let stats = publish_async(js, &fill, 0, clock, Progress::new(), None, false).await?;
+        if stats.ok < args.msgs {
+            bail!("filling the stream: only {} of {} stored", stats.ok, args.msgs);
+        }
+        notes.push(format!(
+            "stream filled with {} messages before the workers started (not measured)",
+            stats.ok
+        ));
+    }
+    let progress = Progress::new();
+    if args.pubs == 0 {
+        progress.target.store(args.msgs, Ordering::Relaxed);
+    }
+    let ticker = (!args.quiet).then(|| report::spawn_progress(progress.clone(), "nats"));
+    let start = Instant::now();
+    let deadline = args.duration.map(|d| start + d);
+
+    let mut workers = Vec::new();
+    for i in 0..args.subs {
+        let js = jetstream::new(connect(addrs, i).await?);
+        let (args, progress) = (args.clone(), progress.clone());
+        workers.push(tokio::spawn(async move { worker(js, &args, clock, progress).await }));
+    }
+    let mut publishers = Vec::new();
+    for i in 0..args.pubs {
+        let js = jetstream::new(connect(addrs, i).await?);
+        let (args, progress) = (args.clone(), progress.clone());
+        publishers.push(tokio::spawn(async move {
+            if args.window == 0 {
+                publish_sync(js, &args, i, clock, progress, deadline, start).await
+            } else {
+                publish_async(js, &args, i, clock, progress, deadline, true).await
+            }
+        }));
+    }
+    let mut published = PubStats::default();
+    for p in publishers {
+        published.merge(p.await??);
+    }
+    progress.target.store(
+        if args.pubs == 0 { args.msgs } else { published.ok },
+        Ordering::Relaxed,
+    );
+    progress.publishers_done.store(true, Ordering::Relaxed);
+    let mut consumed = SubStats::default();
+    for w in workers {
+        consumed.merge(w.await??);
+    }
+    progress.stop.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.await;
+    }
+    if args.subs > 0 && consumed.received < progress.target.load(Ordering::Relaxed) {
+        notes.push(format!(
+            "workers received {} of {} messages before going idle for {}s",
+            consumed.received,
+            progress.target.load(Ordering::Relaxed),
+            IDLE_LIMIT.as_secs()
+        ));
+    }
+    if args.subs > 0 && args.batch > 1 {
+        notes.push("end-to-end latency is taken when a worker's fetch returns, so it includes filling the batch".into());
+    }
+    Ok(Report {
+        broker: "nats",
+        args,
+        publish: (args.pubs > 0).then_some((published, start)),
+        consume: (args.subs > 0).then_some((consumed, start)),
+        notes,
+    })
+}
+
+async fn publish_sync(
+    js: jetstream::Context,
+    args: &BenchArgs,
+    i: u32,
+    clock: Clock,
+    progress: Arc<Progress>,
+    deadline: Option<Instant>,
+    start: Instant,
+) -> Result<PubStats> {
+    let mut stats = PubStats::default();
+    let mut pacer = Pacer::new(args.rate_per_pub(), start);
+    let count = if deadline.is_some() { u64::MAX } else { args.share(i) };
+    let tag = u64::from(i) << 40;
+    for k in 0..count {
+        let intended = pacer.next().await;
+        if deadline.is_some_and(|d| intended >= d) {
+            break;
+        }
+        let body = Bytes::from(payload(args.size, clock.ns(intended), tag | k));
+        let outcome = match js.publish(args.subject.clone(), body).await {
+            Ok(ack) => ack.await.map(|_| ()).map_err(anyhow::Error::from),
+            Err(e) => Err(e.into()),
+        };
+        match outcome {
+            Ok(()) => {
+                stats.ack(intended, Instant::now(), args.size);
+                progress.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats.errors += 1;
+                progress.errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    Ok(stats)
+}
+
+async fn publish_async(
+    js: jetstream::Context,
+    args: &BenchArgs,
+    i: u32,
+    clock: Clock,
+    progress: Arc<Progress>,
+    deadline: Option<Instant>,
+    stamp: bool,
+) -> Result<PubStats> {
+    let window = args.window.max(1) as usize;
+    let permits = Arc::new(Semaphore::new(window));
+    // Ack futures of the outstanding publishes, in send order, with their intended times.
+    let (sent_tx, mut sent_rx) = mpsc::channel(window + 1);
+    let sender = {
+        let (args, permits, progress) = (args.clone(), permits.clone(), progress.clone());
+        let start = Instant::now();
+        tokio::spawn(async move {
+            let mut pacer = Pacer::new(args.rate_per_pub(), start);
+            let count = if deadline.is_some() { u64::MAX } else { args.share(i) };
+            let tag = u64::from(i) << 40;
+            for k in 0..count {
+                let mut intended = pacer.next().await;
+                if deadline.is_some_and(|d| intended >= d) || progress.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(permit) = permits.acquire().await else { break };
+                permit.forget();
+                if !pacer.paced() {
+                    intended = Instant::now();
+                }
+                let stamp_ns = if stamp { clock.ns(intended) } else { 0 };
+                let body = Bytes::from(payload(args.size, stamp_ns, tag | k));
+                let ack = js.publish(args.subject.clone(), body).await;
+                if sent_tx.send((intended, ack)).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut stats = PubStats::default();
+    while let Some((intended, ack)) = sent_rx.recv().await {
+        let outcome = match ack {
+            Ok(fut) => fut.await.map(|_| ()).map_err(anyhow::Error::from),
+            Err(e) => Err(e.into()),
+        };
+        permits.add_permits(1);
+        match outcome {
+            Ok(()) => {
+                stats.ack(intended, Instant::now(), args.size);
+                progress.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats.errors += 1;
+                progress.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let _ = sender.await;
+    Ok(stats)
+}
+
+async fn worker(
+    js: jetstream::Context,
+    args: &BenchArgs,
+    clock: Clock,
+    progress: Arc<Progress>,
+) -> Result<SubStats> {
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_consumer_from_stream(&args.consumer, &args.stream)
+        .await?;
+    let mut stats = SubStats::default();
+    let mut last_seen = Instant::now();
+    while !progress.workers_done() {
+        let mut msgs = Vec::with_capacity(args.batch as usize);
+        match consumer
+            .fetch()
+            .max_messages(args.batch as usize)
+            .expires(FETCH_WAIT)
+            .messages()
+            .await
+        {
+            Ok(mut batch) => {
+                while let Some(m) = batch.next().await {
+                    match m {
+                        Ok(m) => msgs.push(m),
+                        Err(_) => {
+                            stats.errors += 1;
+                            progress.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            Err(_) => {
+                stats.errors += 1;
+                progress.errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let now = Instant::now();
+        if msgs.is_empty() {
+            if progress.publishers_done.load(Ordering::Relaxed) && now - last_seen > IDLE_LIMIT {
+                break;
+            }
+            continue;
+        }
+        last_seen = now;
+        for m in &msgs {
+            let delivered = m.info().map(|i| i.delivered.max(1) as u64).unwrap_or(1);
+            stats.received(&clock, &m.payload, delivered, now);
+        }
+        for m in msgs {
+            if m.double_ack().await.is_err() {
+                stats.errors += 1;
+                progress.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            progress.consumed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(stats)
+}

@@ -1,0 +1,227 @@
+//! `wharf server` settings from flags, environment and a TOML file.
+//!
+//! Precedence: a flag, then its environment variable (both handled by clap),
+//! then the `--config` file, then the default. `node_id = "ordinal"` derives
+//! the id from the host name's trailing number, so one StatefulSet template
+//! serves every pod.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+use wharf_server::{NodeConfig, RaftSettings};
+
+use crate::cli::ServerArgs;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    node_id: Option<NodeIdSetting>,
+    listen: Option<String>,
+    data: Option<PathBuf>,
+    peers: Option<PeersSetting>,
+    heartbeat_ms: Option<u64>,
+    election_min_ms: Option<u64>,
+    election_max_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum NodeIdSetting {
+    Number(u64),
+    Text(String),
+}
+
+/// Peers as `"1=a:7001,2=b:7001"` or as a table `{ 1 = "a:7001", ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PeersSetting {
+    Text(String),
+    Table(BTreeMap<String, String>),
+}
+
+pub fn load_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("bad config file {}", path.display()))
+}
+
+/// Parse `1=host:port,2=host:port,...`.
+pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((id, addr)) = part.split_once('=') else {
+            bail!("bad peer {part:?}: expected id=host:port");
+        };
+        add_peer(&mut peers, id, addr)?;
+    }
+    if peers.is_empty() {
+        bail!("--peers is empty");
+    }
+    Ok(peers)
+}
+
+fn add_peer(peers: &mut BTreeMap<u64, String>, id: &str, addr: &str) -> Result<()> {
+    let part = format!("{id}={addr}");
+    let id: u64 = id
+        .trim()
+        .parse()
+        .with_context(|| format!("bad node id in {part:?}"))?;
+    let addr = addr.trim();
+    if addr.is_empty() || !addr.contains(':') {
+        bail!("bad peer address in {part:?}: expected host:port");
+    }
+    if peers.insert(id, addr.to_string()).is_some() {
+        bail!("node id {id} appears twice in --peers");
+    }
+    Ok(())
+}
+
+/// `wharf-2` -> 3: the trailing number of a host name, plus one.
+pub fn node_id_from_hostname(hostname: &str) -> Result<u64> {
+    let digits: String = hostname
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    let digits: String = digits.chars().rev().collect();
+    if digits.is_empty() {
+        bail!("node id `ordinal`: host name {hostname:?} does not end in a number");
+    }
+    let ordinal: u64 = digits
+        .parse()
+        .with_context(|| format!("host name {hostname:?}"))?;
+    Ok(ordinal + 1)
+}
+
+fn hostname() -> Result<String> {
+    if let Ok(h) = std::env::var("HOSTNAME") {
+        if !h.is_empty() {
+            return Ok(h);
+        }
+    }
+    let h = std::fs::read_to_string("/etc/hostname")
+        .or_else(|_| std::fs::read_to_string("/proc/sys/kernel/hostname"))
+        .context("node id `ordinal` needs the host name (HOSTNAME or /etc/hostname)")?;
+    Ok(h.trim().to_string())
+}
+
+fn node_id(setting: &str) -> Result<u64> {
+    if setting == "ordinal" {
+        return node_id_from_hostname(&hostname()?);
+    }
+    setting
+        .parse()
+        .map_err(|_| anyhow!("bad node id {setting:?}: expected a number or `ordinal`"))
+}
+
+pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
+    let file = match &args.config {
+        Some(path) => load_file(path)?,
+        None => FileConfig::default(),
+    };
+    let id_setting = match (args.node_id, file.node_id) {
+        (Some(s), _) => s,
+        (None, Some(NodeIdSetting::Number(n))) => n.to_string(),
+        (None, Some(NodeIdSetting::Text(s))) => s,
+        (None, None) => {
+            bail!("--node-id (or WHARF_NODE_ID, or node_id in the config file) is required")
+        }
+    };
+    let listen = args
+        .listen
+        .or(file.listen)
+        .ok_or_else(|| anyhow!("--listen is required"))?;
+    let listen = listen
+        .parse()
+        .with_context(|| format!("bad --listen address {listen:?}"))?;
+    let data = args
+        .data
+        .or(file.data)
+        .ok_or_else(|| anyhow!("--data is required"))?;
+    let peers = match (args.peers, file.peers) {
+        (Some(s), _) | (None, Some(PeersSetting::Text(s))) => parse_peers(&s)?,
+        (None, Some(PeersSetting::Table(t))) => {
+            let mut peers = BTreeMap::new();
+            for (id, addr) in t {
+                add_peer(&mut peers, &id, &addr)?;
+            }
+            peers
+        }
+        (None, None) => bail!("--peers is required"),
+    };
+    let defaults = RaftSettings::default();
+    let raft = RaftSettings {
+        heartbeat_ms: args
+            .heartbeat_ms
+            .or(file.heartbeat_ms)
+            .unwrap_or(defaults.heartbeat_ms),
+        election_min_ms: args
+            .election_min_ms
+            .or(file.election_min_ms)
+            .unwrap_or(defaults.election_min_ms),
+        election_max_ms: args
+            .election_max_ms
+            .or(file.election_max_ms)
+            .unwrap_or(defaults.election_max_ms),
+        ..defaults
+    };
+    Ok(NodeConfig {
+        node_id: node_id(&id_setting)?,
+        listen,
+        data_dir: data,
+        peers,
+        raft,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinal_from_statefulset_host_names() {
+        assert_eq!(node_id_from_hostname("wharf-0").unwrap(), 1);
+        assert_eq!(node_id_from_hostname("wharf-12").unwrap(), 13);
+        assert!(node_id_from_hostname("wharf").is_err());
+    }
+
+    #[test]
+    fn peers_as_text_or_table() {
+        let p = parse_peers("1=a:1, 2=b:2").unwrap();
+        assert_eq!(p.get(&2).map(String::as_str), Some("b:2"));
+        assert!(parse_peers("1=a:1,1=b:2").is_err());
+        let file: FileConfig = toml::from_str(
+            "node_id = \"ordinal\"\nlisten = \"0.0.0.0:7001\"\ndata = \"/data\"\n[peers]\n1 = \"wharf-0.h:7001\"\n2 = \"wharf-1.h:7001\"\n",
+        )
+        .unwrap();
+        assert!(matches!(file.peers, Some(PeersSetting::Table(ref t)) if t.len() == 2));
+        assert!(
+            toml::from_str::<FileConfig>("nodeid = 1").is_err(),
+            "unknown keys are refused"
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wharf.toml");
+        std::fs::write(&path, "node_id = 2\nlisten = \"127.0.0.1:1\"\ndata = \"/d\"\npeers = \"1=a:1,2=b:2\"\nheartbeat_ms = 300\n").unwrap();
+        let args = ServerArgs {
+            config: Some(path),
+            node_id: None,
+            listen: Some("127.0.0.1:9".into()),
+            data: None,
+            peers: None,
+            heartbeat_ms: None,
+            election_min_ms: None,
+            election_max_ms: None,
+        };
+        let c = resolve(args).unwrap();
+        assert_eq!(c.node_id, 2);
+        assert_eq!(c.listen.port(), 9);
+        assert_eq!(c.raft.heartbeat_ms, 300);
+        assert_eq!(c.peers.len(), 2);
+    }
+}
