@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         proto_dir.join("wharf/v1/wharf.proto"),
         proto_dir.join("wharf/v1/raft.proto"),
     ];
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     config.bytes(["."]);

@@ -548,11 +548,15 @@ impl Load {
             self.published.load(Ordering::SeqCst),
             self.processed_count.load(Ordering::SeqCst),
         );
-        eventually(&format!("{n} more published and processed"), timeout, || async move {
-            (self.published.load(Ordering::SeqCst) >= p0 + n
-                && self.processed_count.load(Ordering::SeqCst) >= c0 + n)
-                .then_some(())
-        })
+        eventually(
+            &format!("{n} more published and processed"),
+            timeout,
+            || async move {
+                (self.published.load(Ordering::SeqCst) >= p0 + n
+                    && self.processed_count.load(Ordering::SeqCst) >= c0 + n)
+                    .then_some(())
+            },
+        )
         .await
     }
 
@@ -580,7 +584,14 @@ impl Drop for Load {
 async fn seed_tutorial(compose: &Compose) -> Result<()> {
     let info = json(
         &compose
-            .wharf(&["stream", "add", "ORDERS", "--subjects", "orders.>", "--json"])
+            .wharf(&[
+                "stream",
+                "add",
+                "ORDERS",
+                "--subjects",
+                "orders.>",
+                "--json",
+            ])
             .await,
     )?;
     assert_eq!(info["config"]["num_replicas"], 3);
@@ -671,7 +682,9 @@ async fn seed_tutorial(compose: &Compose) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compose_cluster_survives_container_faults() -> Result<()> {
     if !docker_available().await {
-        eprintln!("SKIPPED: no Docker engine answers `docker info`; the docker cluster test needs one");
+        eprintln!(
+            "SKIPPED: no Docker engine answers `docker info`; the docker cluster test needs one"
+        );
         return Ok(());
     }
     let Some(compose_cmd) = compose_command().await else {
@@ -692,7 +705,9 @@ async fn compose_cluster_survives_container_faults() -> Result<()> {
         .wait_leader("meta", &NODES, Duration::from_secs(60))
         .await?;
     for id in NODES {
-        compose.wait_ready(id, &NODES, Duration::from_secs(60)).await?;
+        compose
+            .wait_ready(id, &NODES, Duration::from_secs(60))
+            .await?;
     }
 
     // 1. The seed tutorial, from the host, with the CLI.
@@ -701,7 +716,15 @@ async fn compose_cluster_survives_container_faults() -> Result<()> {
     // redelivered within the test.
     let edited = json(
         &compose
-            .wharf(&["consumer", "edit", "ORDERS", "shipping", "--ack-wait", "2s", "--json"])
+            .wharf(&[
+                "consumer",
+                "edit",
+                "ORDERS",
+                "shipping",
+                "--ack-wait",
+                "2s",
+                "--json",
+            ])
             .await,
     )?;
     assert_eq!(edited["config"]["ack_wait_ms"], 2000, "{edited}");
@@ -746,7 +769,9 @@ async fn compose_cluster_survives_container_faults() -> Result<()> {
         .wait_seen_down(paused, &rest, Duration::from_secs(30))
         .await?;
     for g in ["meta", "ORDERS", CONSUMER] {
-        compose.wait_leader(g, &rest, Duration::from_secs(30)).await?;
+        compose
+            .wait_leader(g, &rest, Duration::from_secs(30))
+            .await?;
     }
     load.wait_progress(200, Duration::from_secs(60)).await?;
     docker(&["unpause", compose.container(paused)]).await?;
@@ -768,7 +793,9 @@ async fn compose_cluster_survives_container_faults() -> Result<()> {
         .wait_seen_down(cut, &rest, Duration::from_secs(30))
         .await?;
     for g in ["meta", "ORDERS", CONSUMER] {
-        compose.wait_leader(g, &rest, Duration::from_secs(30)).await?;
+        compose
+            .wait_leader(g, &rest, Duration::from_secs(30))
+            .await?;
     }
     load.wait_progress(200, Duration::from_secs(60)).await?;
     // Reconnect under the service name, which is how the peers find it.

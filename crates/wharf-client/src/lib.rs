@@ -139,12 +139,41 @@ impl Client {
     }
 
     pub async fn stream_info(&self, name: &str) -> Result<pb::StreamInfo> {
+        self.get_stream(name, false).await
+    }
+
+    /// Stream info from the answering node's own replica, without forwarding
+    /// to the leader; use a client of one node to read that node's copy.
+    pub async fn stream_info_local(&self, name: &str) -> Result<pb::StreamInfo> {
+        self.get_stream(name, true).await
+    }
+
+    async fn get_stream(&self, name: &str, local: bool) -> Result<pb::StreamInfo> {
         let req = pb::GetStreamRequest {
             name: name.to_string(),
+            local,
         };
         self.call(|mut c| {
             let req = req.clone();
             async move { c.get_stream(req).await }
+        })
+        .await
+    }
+
+    /// Move the leadership of a stream's group (`consumer` None) or of a
+    /// consumer's group to another replica.
+    pub async fn step_down(
+        &self,
+        stream: &str,
+        consumer: Option<&str>,
+    ) -> Result<pb::StepDownResponse> {
+        let req = pb::StepDownRequest {
+            stream: stream.to_string(),
+            consumer: consumer.unwrap_or_default().to_string(),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.step_down(req).await }
         })
         .await
     }

@@ -107,38 +107,103 @@ impl NodeInner {
             .route(local.as_ref().map(|l| &l.group), &entry.replicas)
             .await?
         {
-            Route::Local => {
-                let local =
-                    local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
-                let stats = local.sm.lock().map(|s| s.stats()).map_err(|_| poisoned())?;
-                let status = local.group.status();
-                let consumers = self.catalog().consumers_of(name).count() as u32;
-                Ok(pb::StreamInfo {
-                    config: Some(stream_config_to_pb(&entry.config)),
-                    state: Some(pb::StreamState {
-                        messages: stats.messages,
-                        bytes: stats.bytes,
-                        first_seq: stats.first_seq,
-                        last_seq: stats.last_seq,
-                        consumer_count: consumers,
-                    }),
-                    cluster: Some(pb::ClusterInfo {
-                        leader: status.leader.unwrap_or(0),
-                        replicas: entry.replicas.clone(),
-                        term: status.term,
-                        group_id: entry.group_id,
-                    }),
-                    created_ms: entry.created_ms,
-                })
-            }
+            Route::Local => self.local_stream_info(name),
             Route::Remote(n) => {
                 let req = onward(
                     pb::GetStreamRequest {
                         name: name.to_string(),
+                        local: false,
                     },
                     hops,
                 )?;
                 Ok(self.peers.client(n)?.get_stream(req).await?.into_inner())
+            }
+        }
+    }
+
+    /// Stream info from this node's own replica, whoever leads.
+    pub fn local_stream_info(&self, name: &str) -> Result<pb::StreamInfo> {
+        let catalog = self.catalog();
+        let entry = catalog.stream(name)?;
+        let local = self.local_stream(name).ok_or_else(|| {
+            ServerError::Conflict(format!(
+                "node {} holds no replica of stream {name:?}",
+                self.id()
+            ))
+        })?;
+        let stats = local.sm.lock().map(|s| s.stats()).map_err(|_| poisoned())?;
+        let status = local.group.status();
+        Ok(pb::StreamInfo {
+            config: Some(stream_config_to_pb(&entry.config)),
+            state: Some(pb::StreamState {
+                messages: stats.messages,
+                bytes: stats.bytes,
+                first_seq: stats.first_seq,
+                last_seq: stats.last_seq,
+                consumer_count: catalog.consumers_of(name).count() as u32,
+            }),
+            cluster: Some(pb::ClusterInfo {
+                leader: status.leader.unwrap_or(0),
+                replicas: entry.replicas.clone(),
+                term: status.term,
+                group_id: entry.group_id,
+            }),
+            created_ms: entry.created_ms,
+        })
+    }
+
+    /// Move a group's leadership to another replica; answers (previous, new leader).
+    pub async fn step_down(
+        &self,
+        req: pb::StepDownRequest,
+        hops: u32,
+    ) -> Result<pb::StepDownResponse> {
+        let (group, replicas) = if req.consumer.is_empty() {
+            let e = self.find_stream(&req.stream).await?;
+            (
+                self.local_stream(&req.stream).map(|l| l.group.clone()),
+                e.replicas,
+            )
+        } else {
+            let e = self.find_consumer(&req.stream, &req.consumer).await?;
+            (
+                self.local_consumer(&req.stream, &req.consumer)
+                    .map(|l| l.group.clone()),
+                e.replicas,
+            )
+        };
+        match self.route(group.as_ref(), &replicas).await? {
+            Route::Remote(n) => Ok(self
+                .peers
+                .client(n)?
+                .step_down(onward(req, hops)?)
+                .await?
+                .into_inner()),
+            Route::Local => {
+                let group =
+                    group.ok_or_else(|| ServerError::Unavailable("group not local".into()))?;
+                let me = self.id();
+                let targets: Vec<NodeId> = replicas.iter().copied().filter(|n| *n != me).collect();
+                if targets.is_empty() {
+                    return Err(ServerError::Conflict(
+                        "a group with one replica has no other node to lead it".into(),
+                    ));
+                }
+                for to in targets {
+                    if group.transfer_leader(to).await.is_err() {
+                        continue;
+                    }
+                    let moved = |s: &wharf_raft::GroupStatus| s.leader.is_some_and(|l| l != me);
+                    if let Ok(s) = group.wait_for(Duration::from_secs(3), moved).await {
+                        return Ok(pb::StepDownResponse {
+                            previous_leader: me,
+                            leader: s.leader.unwrap_or(0),
+                        });
+                    }
+                }
+                Err(ServerError::Unavailable(
+                    "no other replica took over leadership; retry".into(),
+                ))
             }
         }
     }

@@ -285,8 +285,12 @@ impl Wharf for WharfService {
         req: Request<pb::GetStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
         let hops = hops(&req);
-        let name = req.into_inner().name;
-        let info = retry(|| self.node.stream_info(&name, hops)).await?;
+        let msg = req.into_inner();
+        if msg.local {
+            self.node.find_stream(&msg.name).await?;
+            return Ok(Response::new(self.node.local_stream_info(&msg.name)?));
+        }
+        let info = retry(|| self.node.stream_info(&msg.name, hops)).await?;
         Ok(Response::new(info))
     }
 
@@ -555,6 +559,16 @@ impl Wharf for WharfService {
             Route::Remote(n) => self.proxy(n, open, inbound, hops).await?,
         };
         Ok(Response::new(stream))
+    }
+
+    async fn step_down(
+        &self,
+        req: Request<pb::StepDownRequest>,
+    ) -> Result<Response<pb::StepDownResponse>, Status> {
+        let hops = hops(&req);
+        let msg = req.into_inner();
+        let r = retry(|| self.node.step_down(msg.clone(), hops)).await?;
+        Ok(Response::new(r))
     }
 
     async fn cluster_status(

@@ -110,7 +110,11 @@ fn rotated(addrs: &[String], i: u32) -> String {
     v.join(",")
 }
 
-async fn measure<'a>(addrs: &[String], retry_for: Duration, args: &'a BenchArgs) -> Result<Report<'a>> {
+async fn measure<'a>(
+    addrs: &[String],
+    retry_for: Duration,
+    args: &'a BenchArgs,
+) -> Result<Report<'a>> {
     let clock = Clock::new();
     let mut notes = Vec::new();
     if args.pubs == 0 {
@@ -122,9 +126,16 @@ async fn measure<'a>(addrs: &[String], retry_for: Duration, args: &'a BenchArgs)
         };
         let stats = publish_async(&addrs[0], &fill, 0, clock, Progress::new(), None, false).await?;
         if stats.ok < args.msgs {
-            bail!("filling the stream: only {} of {} stored", stats.ok, args.msgs);
+            bail!(
+                "filling the stream: only {} of {} stored",
+                stats.ok,
+                args.msgs
+            );
         }
-        notes.push(format!("stream filled with {} messages before the workers started (not measured)", stats.ok));
+        notes.push(format!(
+            "stream filled with {} messages before the workers started (not measured)",
+            stats.ok
+        ));
     }
     let progress = Progress::new();
     if args.pubs == 0 {
@@ -138,7 +149,9 @@ async fn measure<'a>(addrs: &[String], retry_for: Duration, args: &'a BenchArgs)
     for i in 0..args.subs {
         let client = Client::new(&rotated(addrs, i))?.with_retry_for(retry_for);
         let (args, progress) = (args.clone(), progress.clone());
-        workers.push(tokio::spawn(async move { worker(client, &args, clock, progress).await }));
+        workers.push(tokio::spawn(async move {
+            worker(client, &args, clock, progress).await
+        }));
     }
     let mut publishers = Vec::new();
     for i in 0..args.pubs {
@@ -160,7 +173,11 @@ async fn measure<'a>(addrs: &[String], retry_for: Duration, args: &'a BenchArgs)
         published.merge(p.await??);
     }
     progress.target.store(
-        if args.pubs == 0 { args.msgs } else { published.ok },
+        if args.pubs == 0 {
+            args.msgs
+        } else {
+            published.ok
+        },
         Ordering::Relaxed,
     );
     progress.publishers_done.store(true, Ordering::Relaxed);
@@ -204,7 +221,11 @@ async fn publish_sync(
 ) -> Result<PubStats> {
     let mut stats = PubStats::default();
     let mut pacer = Pacer::new(args.rate_per_pub(), start);
-    let count = if deadline.is_some() { u64::MAX } else { args.share(i) };
+    let count = if deadline.is_some() {
+        u64::MAX
+    } else {
+        args.share(i)
+    };
     let tag = u64::from(i) << 40;
     for k in 0..count {
         let intended = pacer.next().await;
@@ -240,7 +261,11 @@ async fn publish_async(
     deadline: Option<Instant>,
     stamp: bool,
 ) -> Result<PubStats> {
-    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let url = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
     let channel = Endpoint::from_shared(url)?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(2))
@@ -250,7 +275,10 @@ async fn publish_async(
     let mut grpc = WharfClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
     let window = args.window.max(1) as usize;
     let (tx, rx) = mpsc::channel::<pb::PublishRequest>(window);
-    let mut acks = grpc.publish_stream(ReceiverStream::new(rx)).await?.into_inner();
+    let mut acks = grpc
+        .publish_stream(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
     // Intended send times of the outstanding publishes, in send order.
     let (sent_tx, mut sent_rx) = mpsc::channel::<Instant>(window + 1);
     let permits = Arc::new(Semaphore::new(window));
@@ -260,14 +288,21 @@ async fn publish_async(
         let start = Instant::now();
         tokio::spawn(async move {
             let mut pacer = Pacer::new(args.rate_per_pub(), start);
-            let count = if deadline.is_some() { u64::MAX } else { args.share(i) };
+            let count = if deadline.is_some() {
+                u64::MAX
+            } else {
+                args.share(i)
+            };
             let tag = u64::from(i) << 40;
             for k in 0..count {
                 let mut intended = pacer.next().await;
-                if deadline.is_some_and(|d| intended >= d) || progress.stop.load(Ordering::Relaxed) {
+                if deadline.is_some_and(|d| intended >= d) || progress.stop.load(Ordering::Relaxed)
+                {
                     break;
                 }
-                let Ok(permit) = permits.acquire().await else { break };
+                let Ok(permit) = permits.acquire().await else {
+                    break;
+                };
                 permit.forget();
                 if !pacer.paced() {
                     intended = Instant::now();
@@ -288,7 +323,9 @@ async fn publish_async(
     loop {
         match acks.message().await {
             Ok(Some(ack)) => {
-                let Some(intended) = sent_rx.recv().await else { break };
+                let Some(intended) = sent_rx.recv().await else {
+                    break;
+                };
                 permits.add_permits(1);
                 if ack.error.is_empty() {
                     stats.ack(intended, Instant::now(), args.size);
@@ -317,7 +354,12 @@ async fn publish_async(
 
 /// One pull worker: fetch a batch, ack each message, until the target count
 /// is reached or nothing arrived for `IDLE_LIMIT` after publishing ended.
-async fn worker(client: Client, args: &BenchArgs, clock: Clock, progress: Arc<Progress>) -> Result<SubStats> {
+async fn worker(
+    client: Client,
+    args: &BenchArgs,
+    clock: Clock,
+    progress: Arc<Progress>,
+) -> Result<SubStats> {
     let mut consumer = client.consumer(&args.stream, &args.consumer);
     let mut stats = SubStats::default();
     let mut last_seen = Instant::now();

@@ -107,7 +107,12 @@ pub enum StreamCmd {
         name: String,
         #[arg(long)]
         json: bool,
+        /// Read the answering node's own replica instead of the leader's.
+        #[arg(long)]
+        local: bool,
     },
+    /// Move the stream's group leadership to another replica.
+    Stepdown { name: String },
     /// List streams.
     Ls {
         #[arg(long)]
@@ -171,6 +176,8 @@ pub enum ConsumerCmd {
     },
     /// Delete a consumer.
     Rm { stream: String, name: String },
+    /// Move the consumer's group leadership to another replica.
+    Stepdown { stream: String, name: String },
     /// Pull messages as one worker of the consumer.
     Next(NextArgs),
 }

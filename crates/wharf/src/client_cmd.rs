@@ -61,7 +61,22 @@ async fn stream(client: &Client, cmd: StreamCmd) -> Result<()> {
             let info = client.add_stream(config).await?;
             print_stream(&info, a.json)
         }
-        StreamCmd::Info { name, json } => print_stream(&client.stream_info(&name).await?, json),
+        StreamCmd::Info { name, json, local } => {
+            let info = if local {
+                client.stream_info_local(&name).await?
+            } else {
+                client.stream_info(&name).await?
+            };
+            print_stream(&info, json)
+        }
+        StreamCmd::Stepdown { name } => {
+            let r = client.step_down(&name, None).await?;
+            println!(
+                "Stream {name}: leader moved from node {} to node {}",
+                r.previous_leader, r.leader
+            );
+            Ok(())
+        }
         StreamCmd::Ls { json } => {
             let streams = client.list_streams().await?;
             if json {
@@ -154,6 +169,14 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
         ConsumerCmd::Rm { stream, name } => {
             client.delete_consumer(&stream, &name).await?;
             println!("Deleted consumer {stream} > {name}");
+            Ok(())
+        }
+        ConsumerCmd::Stepdown { stream, name } => {
+            let r = client.step_down(&stream, Some(&name)).await?;
+            println!(
+                "Consumer {stream} > {name}: leader moved from node {} to node {}",
+                r.previous_leader, r.leader
+            );
             Ok(())
         }
         ConsumerCmd::Next(args) => next(client, args).await,

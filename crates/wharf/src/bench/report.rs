@@ -138,7 +138,9 @@ impl Default for PubStats {
 
 impl PubStats {
     pub fn ack(&mut self, intended: Instant, now: Instant, bytes: usize) {
-        let _ = self.latency.record(micros(now.saturating_duration_since(intended)));
+        let _ = self
+            .latency
+            .record(micros(now.saturating_duration_since(intended)));
         self.ok += 1;
         self.bytes += bytes as u64;
         if let Some(last) = self.last_ack {
@@ -392,7 +394,8 @@ impl Report<'_> {
             }
             out += &format!(
                 "\n{name}: {} msgs in {:.2}s = {:.0} msgs/s, {:.2} MB/s, {} errors",
-                p["msgs"], p["elapsed_s"].as_f64().unwrap_or(0.0),
+                p["msgs"],
+                p["elapsed_s"].as_f64().unwrap_or(0.0),
                 p["msgs_per_s"].as_f64().unwrap_or(0.0),
                 p["mb_per_s"].as_f64().unwrap_or(0.0),
                 p["errors"],
@@ -408,8 +411,16 @@ impl Report<'_> {
             } else {
                 out += &format!(
                     "\n  {} (us): p50 {}  p90 {}  p99 {}  p99.9 {}  max {}\n",
-                    if key == "publish" { "ack latency" } else { "end-to-end latency" },
-                    l["p50"], l["p90"], l["p99"], l["p999"], l["max"],
+                    if key == "publish" {
+                        "ack latency"
+                    } else {
+                        "end-to-end latency"
+                    },
+                    l["p50"],
+                    l["p90"],
+                    l["p99"],
+                    l["p999"],
+                    l["max"],
                 );
             }
         }

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Wharf vs NATS JetStream, same machine, same run, same workloads.
+#
+#   bench/compare.sh              # 3 repetitions of every workload, then failover and disk
+#   REPS=5 bench/compare.sh       # more repetitions (medians are reported)
+#   QUICK=1 bench/compare.sh      # 1 repetition, shorter runs (a smoke test)
+#
+# Starts a three-node nats-server JetStream cluster (Debian's package, 2.9.x)
+# on 127.0.0.1:4222-4224 and a three-node Wharf cluster (three
+# `target/release/wharf server` processes) on 127.0.0.1:7101-7103, runs each
+# workload on both, alternating which goes first, then a failover run on each
+# (kill -9 of the stream leader under sync publishing), then measures disk
+# used per message and the servers' peak RSS. Raw reports land in
+# bench/results/<stamp>/raw/, the summary in bench/results/<stamp>.json and
+# bench/results/<stamp>.svg (bench/summarize.py).
+#
+# Everything runs on loopback; every process started here is stopped by pid
+# on exit. nats-server 2.9 does not fsync before acknowledging (no
+# sync_interval setting); Wharf does. The figures must be read with that.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+REPS=${REPS:-3}
+QUICK=${QUICK:-0}
+STAMP=$(date -u +%Y%m%d-%H%M%S)
+OUT="$ROOT/bench/results/$STAMP"
+RUN=$(mktemp -d /tmp/wharf-compare.XXXXXX)
+WHARF="$ROOT/target/release/wharf"
+DRIVER="$ROOT/target/nats-driver/release/nats-bench-driver"
+WHARF_SERVERS=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103
+NATS_SERVERS=127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224
+WHARF_PEERS=1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103
+
+if [ "$QUICK" = 1 ]; then REPS=1; DUR=3s; FAIL_DUR=15s; else DUR=5s; FAIL_DUR=20s; fi
+
+# name|flags. Every run creates the stream BENCH (R3) and deletes it after.
+WORKLOADS=(
+  "pub_sync|--pub 1 --duration $DUR --size 128"
+  "pub_async_w256|--pub 1 --window 256 --duration $DUR --size 128"
+  "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
+  "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 20000 --size 128"
+  "e2e_rate500|--pub 1 --sub 3 --batch 1 --rate 500 --duration $DUR --size 128"
+)
+
+declare -A WHARF_PID NATS_PID
+cleanup() {
+  for p in "${WHARF_PID[@]:-}" "${NATS_PID[@]:-}"; do
+    [ -n "$p" ] && kill "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  rm -rf "$RUN"
+}
+trap cleanup EXIT
+
+log() { echo "== $*" >&2; }
+
+need_nats_server() {
+  if ! command -v nats-server >/dev/null; then
+    log "installing nats-server (Debian package)"
+    apt-get install -y nats-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y nats-server >/dev/null; }
+  fi
+  nats-server --version >&2
+}
+
+build() {
+  log "building wharf (release) and the NATS driver"
+  (cd "$ROOT" && cargo build --release -p wharf 2>&1 | tail -1) >&2
+  (cd "$ROOT/bench/nats-driver" && CARGO_TARGET_DIR="$ROOT/target/nats-driver" cargo build --release 2>&1 | tail -1) >&2
+}
+
+start_wharf_node() {
+  local i=$1
+  "$WHARF" server --node-id "$i" --listen "127.0.0.1:710$i" --data "$RUN/wharf-n$i" \
+    --peers "$WHARF_PEERS" >>"$RUN/wharf-n$i.log" 2>&1 &
+  WHARF_PID[$i]=$!
+}
+
+start_nats_node() {
+  local i=$1
+  (cd "$RUN" && exec nats-server -c "$ROOT/bench/nats/n$i.conf" >>"$RUN/nats-n$i.log" 2>&1) &
+  NATS_PID[$i]=$!
+}
+
+# Wait until a one-message bench succeeds (the cluster has leaders and quorum).
+wait_ready() {
+  local broker=$1 deadline=$((SECONDS + 90))
+  until run_bench_raw "$broker" --stream READY --pub 1 --msgs 1 --quiet --json >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || { echo "$broker cluster not ready after 90s" >&2; exit 1; }
+    sleep 1
+  done
+}
+
+run_bench_raw() {
+  local broker=$1; shift
+  if [ "$broker" = wharf ]; then
+    "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s stream rm "$(stream_arg "$@")" >/dev/null 2>&1 || true
+    "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s bench "$@"
+  else
+    "$DRIVER" --server "$NATS_SERVERS" rm --stream "$(stream_arg "$@")" >/dev/null 2>&1 || true
+    "$DRIVER" --server "$NATS_SERVERS" bench "$@"
+  fi
+}
+
+stream_arg() {
+  local prev=""
+  for a in "$@"; do [ "$prev" = --stream ] && { echo "$a"; return; }; prev=$a; done
+  echo BENCH
+}
+
+# run_one broker name rep flags...
+run_one() {
+  local broker=$1 name=$2 rep=$3; shift 3
+  local out="$OUT/raw/$name.$broker.$rep.json"
+  log "$name [$broker] rep $rep: $*"
+  if ! run_bench_raw "$broker" "$@" --json --quiet >"$out" 2>"$OUT/raw/$name.$broker.$rep.err"; then
+    echo "   FAILED (see $out.err)" >&2
+    echo '{"failed": true}' >"$out"
+  fi
+}
+
+wharf_stream_leader_pid() {
+  local id
+  id=$("$WHARF" --server "$WHARF_SERVERS" cluster status --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print(next(g["leader"] for g in s["groups"] if g["kind"] == "stream" and g["name"] == "BENCH"))')
+  echo "$id ${WHARF_PID[$id]}"
+}
+
+nats_stream_leader_pid() {
+  local name
+  name=$("$DRIVER" --server "$NATS_SERVERS" leader --stream BENCH)
+  local id=${name#n}
+  echo "$id ${NATS_PID[$id]}"
+}
+
+failover() {
+  local broker=$1
+  local out="$OUT/raw/failover.$broker.1.json"
+  log "failover [$broker]: sync publishing for $FAIL_DUR, kill -9 of the stream leader after 5s"
+  run_bench_raw "$broker" --pub 1 --duration "$FAIL_DUR" --size 128 --json --quiet \
+    >"$out" 2>"$OUT/raw/failover.$broker.1.err" &
+  local bench=$!
+  sleep 5
+  local leader
+  if [ "$broker" = wharf ]; then leader=$(wharf_stream_leader_pid); else leader=$(nats_stream_leader_pid); fi
+  local id=${leader% *} pid=${leader#* }
+  log "   killing $broker node $id (pid $pid)"
+  echo "{\"killed_node\": \"$id\", \"killed_at_s\": 5}" >"$OUT/raw/failover.$broker.killed.json"
+  kill -9 "$pid"
+  wait "$pid" 2>/dev/null || true
+  wait "$bench" || echo '{"failed": true}' >"$out"
+  if [ "$broker" = wharf ]; then start_wharf_node "$id"; else start_nats_node "$id"; fi
+  wait_ready "$broker"
+}
+
+# Disk used by 100,000 messages of 128 B at R3, summed over the three nodes.
+disk() {
+  local broker=$1 before after
+  local dirs
+  if [ "$broker" = wharf ]; then dirs="$RUN/wharf-n1 $RUN/wharf-n2 $RUN/wharf-n3"; else dirs="$RUN/nats-n1 $RUN/nats-n2 $RUN/nats-n3"; fi
+  sync
+  before=$(du -sbc $dirs | tail -1 | cut -f1)
+  run_bench_raw "$broker" --stream DISK --pub 1 --window 256 --msgs 100000 --size 128 --keep --json --quiet \
+    >"$OUT/raw/disk.$broker.bench.json" 2>/dev/null
+  sleep 2; sync
+  after=$(du -sbc $dirs | tail -1 | cut -f1)
+  if [ "$broker" = wharf ]; then
+    "$WHARF" --server "$WHARF_SERVERS" stream rm DISK >/dev/null
+  else
+    "$DRIVER" --server "$NATS_SERVERS" rm --stream DISK
+  fi
+  echo "{\"msgs\": 100000, \"size\": 128, \"replicas\": 3, \"bytes_before\": $before, \"bytes_after\": $after}" \
+    >"$OUT/raw/disk.$broker.json"
+}
+
+# Peak RSS (VmHWM, kB) of each server process.
+memory() {
+  local broker=$1 pids
+  if [ "$broker" = wharf ]; then pids="${WHARF_PID[*]}"; else pids="${NATS_PID[*]}"; fi
+  python3 - "$broker" "$OUT/raw/memory.$broker.json" $pids <<'EOF'
+import json, sys
+broker, out, pids = sys.argv[1], sys.argv[2], sys.argv[3:]
+hwm = {}
+for p in pids:
+    for line in open(f"/proc/{p}/status"):
+        if line.startswith("VmHWM:"):
+            hwm[p] = int(line.split()[1])
+json.dump({"broker": broker, "vm_hwm_kb": hwm}, open(out, "w"))
+EOF
+}
+
+mkdir -p "$OUT/raw"
+need_nats_server
+build
+log "run directory $RUN, results in $OUT"
+for i in 1 2 3; do start_nats_node "$i"; start_wharf_node "$i"; done
+wait_ready wharf
+wait_ready nats
+nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; nats-server --version >>"$OUT/raw/machine.txt"
+
+for rep in $(seq 1 "$REPS"); do
+  for w in "${WORKLOADS[@]}"; do
+    name=${w%%|*}; flags=${w#*|}
+    # shellcheck disable=SC2086
+    if [ $((rep % 2)) = 1 ]; then
+      run_one wharf "$name" "$rep" $flags; run_one nats "$name" "$rep" $flags
+    else
+      run_one nats "$name" "$rep" $flags; run_one wharf "$name" "$rep" $flags
+    fi
+  done
+done
+disk wharf
+disk nats
+memory wharf
+memory nats
+failover wharf
+failover nats
+python3 "$ROOT/bench/summarize.py" "$OUT"
