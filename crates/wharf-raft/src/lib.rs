@@ -68,6 +68,10 @@ pub struct RaftSettings {
     /// Build a snapshot (and purge the log) every this many applied entries;
     /// `None` never snapshots.
     pub snapshot_every_entries: Option<u64>,
+    /// Source address of every outgoing peer connection (the node's own
+    /// listen address when it is a specific one), so that network faults can
+    /// be injected per link by address. `None` lets the OS choose.
+    pub bind_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for RaftSettings {
@@ -77,6 +81,7 @@ impl Default for RaftSettings {
             election_min_ms: 800,
             election_max_ms: 1600,
             snapshot_every_entries: None,
+            bind_ip: None,
         }
     }
 }

@@ -65,13 +65,15 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// One tonic channel per peer address, shared by every group of the node.
 pub(crate) struct PeerPool {
     node_id: NodeId,
+    bind_ip: Option<std::net::IpAddr>,
     clients: Mutex<HashMap<String, RaftTransportClient<Channel>>>,
 }
 
 impl PeerPool {
-    pub(crate) fn new(node_id: NodeId) -> Self {
+    pub(crate) fn new(node_id: NodeId, bind_ip: Option<std::net::IpAddr>) -> Self {
         PeerPool {
             node_id,
+            bind_ip,
             clients: Mutex::new(HashMap::new()),
         }
     }
@@ -93,6 +95,7 @@ impl PeerPool {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("bad peer address {addr}: {e}"))?
             .tcp_nodelay(true)
+            .local_address(self.bind_ip)
             .connect_timeout(Duration::from_secs(1))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))

@@ -132,7 +132,7 @@ impl RaftNode {
             db,
             flusher,
             flusher_task: tokio::sync::Mutex::new(flusher_task),
-            pool: Arc::new(PeerPool::new(node_id)),
+            pool: Arc::new(PeerPool::new(node_id, settings.bind_ip)),
             groups: RwLock::new(HashMap::new()),
             lifecycle: tokio::sync::Mutex::new(false),
         }))

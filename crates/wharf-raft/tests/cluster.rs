@@ -85,6 +85,7 @@ fn settings() -> RaftSettings {
         election_min_ms: 400,
         election_max_ms: 800,
         snapshot_every_entries: None,
+        bind_ip: None,
     }
 }
 

@@ -25,13 +25,15 @@ pub const ROUTE_DEADLINE: Duration = Duration::from_secs(10);
 
 pub struct Peers {
     addrs: BTreeMap<NodeId, String>,
+    bind_ip: Option<std::net::IpAddr>,
     clients: Mutex<HashMap<NodeId, WharfClient<Channel>>>,
 }
 
 impl Peers {
-    pub fn new(addrs: BTreeMap<NodeId, String>) -> Self {
+    pub fn new(addrs: BTreeMap<NodeId, String>, bind_ip: Option<std::net::IpAddr>) -> Self {
         Peers {
             addrs,
+            bind_ip,
             clients: Mutex::new(HashMap::new()),
         }
     }
@@ -51,6 +53,7 @@ impl Peers {
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| ServerError::Internal(format!("bad peer address {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(1))
+            .local_address(self.bind_ip)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))

@@ -138,7 +138,11 @@ impl Node {
         let local_addr = listener
             .local_addr()
             .map_err(|e| ServerError::Internal(e.to_string()))?;
-        let raft = RaftNode::open(config.node_id, &config.data_dir, config.raft.clone())?;
+        let mut settings = config.raft.clone();
+        if settings.bind_ip.is_none() && !config.listen.ip().is_unspecified() {
+            settings.bind_ip = Some(config.listen.ip());
+        }
+        let raft = RaftNode::open(config.node_id, &config.data_dir, settings.clone())?;
 
         let (meta_machine, meta_version) = MetaMachine::new(config.peers.clone());
         let meta_sm = Arc::new(Mutex::new(meta_machine));
@@ -148,7 +152,7 @@ impl Node {
             .await?;
 
         let inner = Arc::new(NodeInner {
-            peers: Peers::new(config.peers.clone()),
+            peers: Peers::new(config.peers.clone(), settings.bind_ip),
             config,
             raft,
             meta,
