@@ -39,7 +39,7 @@ WORKLOADS=(
   "pub_async_w256|--pub 1 --window 256 --duration $DUR --size 128"
   "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
   "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 20000 --size 128"
-  "e2e_rate500|--pub 1 --sub 3 --batch 1 --rate 500 --duration $DUR --size 128"
+  "e2e_rate200|--pub 1 --window 64 --sub 3 --batch 1 --rate 200 --duration $DUR --size 128"
 )
 
 declare -A WHARF_PID NATS_PID

@@ -14,6 +14,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use wharf_client::{proto as pb, Client};
 
+/// The chaos harness (`cargo run -p wharf-tests --bin chaos`): workload,
+/// nemesis and history checker, also run by the `chaos_*` tests.
+#[path = "../chaos/mod.rs"]
+pub mod chaos;
+
 /// The `wharf` binary built for this test run (target/<profile>/wharf).
 pub fn wharf_bin() -> PathBuf {
     if let Ok(p) = std::env::var("WHARF_BIN") {
@@ -48,6 +53,8 @@ pub struct Cluster {
     dir: Option<tempfile::TempDir>,
     /// Raft timing passed to every node.
     pub extra_args: Vec<String>,
+    /// Nodes stopped with SIGSTOP (`pause`) and not yet resumed.
+    paused: std::collections::BTreeSet<u64>,
 }
 
 impl Cluster {
@@ -71,6 +78,7 @@ impl Cluster {
             peers,
             dir: Some(dir),
             extra_args: Vec::new(),
+            paused: Default::default(),
         };
         for id in 1..=n {
             cluster.spawn(id)?;
@@ -300,4 +308,133 @@ pub fn stdout(out: &Output) -> String {
 
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Helpers for fault injection (the chaos harness): nodes on their own
+/// loopback IPs, SIGSTOP/SIGCONT, graceful stop without blocking the runtime,
+/// status reads that never hang on a paused node.
+impl Cluster {
+    /// Start one node per IP, each listening on `ip:<free port>`, so that a
+    /// link between two nodes can be cut with iptables by address (the
+    /// server binds its outgoing peer connections to its listen IP).
+    pub async fn start_on_ips(ips: &[std::net::IpAddr]) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("wharf-chaos-").tempdir()?;
+        let mut nodes = Vec::new();
+        for (i, ip) in ips.iter().enumerate() {
+            let id = i as u64 + 1;
+            let l = std::net::TcpListener::bind((*ip, 0))
+                .with_context(|| format!("bind {ip}: is it a loopback address?"))?;
+            let port = l.local_addr()?.port();
+            nodes.push(NodeProc {
+                id,
+                addr: format!("{ip}:{port}"),
+                data: dir.path().join(format!("node-{id}")),
+                child: None,
+            });
+        }
+        let peers = nodes
+            .iter()
+            .map(|p| format!("{}={}", p.id, p.addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            nodes,
+            peers,
+            dir: Some(dir),
+            extra_args: Vec::new(),
+            paused: Default::default(),
+        };
+        for id in 1..=ips.len() as u64 {
+            cluster.spawn(id)?;
+        }
+        cluster.wait_meta_leader(Duration::from_secs(30)).await?;
+        Ok(cluster)
+    }
+
+    /// Start a node that is not running (after `kill` or `terminate`).
+    pub fn start_node(&mut self, id: u64) -> Result<()> {
+        if self.is_running(id) {
+            return Ok(());
+        }
+        self.spawn(id)
+    }
+
+    /// The OS process id of a running node.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.node(id).child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, id: u64, sig: &str) -> Result<()> {
+        let pid = self.pid(id).context("node not running")?;
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()?;
+        if !st.success() {
+            bail!("kill -{sig} {pid} failed: {st}");
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP: the process freezes, its sockets stay open.
+    pub fn pause(&mut self, id: u64) -> Result<()> {
+        self.signal(id, "STOP")?;
+        self.paused.insert(id);
+        Ok(())
+    }
+
+    /// SIGCONT a paused node.
+    pub fn resume(&mut self, id: u64) -> Result<()> {
+        if self.paused.remove(&id) {
+            self.signal(id, "CONT")?;
+        }
+        Ok(())
+    }
+
+    pub fn is_paused(&self, id: u64) -> bool {
+        self.paused.contains(&id)
+    }
+
+    /// SIGTERM (graceful handover), then wait up to `grace` for the exit
+    /// without blocking the async runtime; SIGKILL after that. Returns
+    /// whether the node exited by itself.
+    pub async fn terminate(&mut self, id: u64, grace: Duration) -> bool {
+        let _ = self.resume(id);
+        if self.signal(id, "TERM").is_err() {
+            return true;
+        }
+        let deadline = Instant::now() + grace;
+        let node = self.node_mut(id);
+        let mut child = node.child.take().expect("running");
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// Cluster status as one node sees it, or None if it does not answer
+    /// within `timeout` (paused, dead, partitioned).
+    pub async fn status_of(&self, id: u64, timeout: Duration) -> Option<pb::ClusterStatusResponse> {
+        let c = Client::new(&self.node(id).addr)
+            .ok()?
+            .with_retry_for(Duration::ZERO);
+        tokio::time::timeout(timeout, c.cluster_status())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// The node's log file (stdout and stderr of the process).
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.node(id).data.with_extension("log")
+    }
+
+    /// Keep the data dirs and logs after the cluster is dropped; returns their path.
+    pub fn keep_data(&mut self) -> Option<PathBuf> {
+        self.dir.take().map(|d| d.keep())
+    }
 }

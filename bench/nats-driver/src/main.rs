@@ -101,7 +101,7 @@ async fn connect(addrs: &[String], i: u32) -> Result<async_nats::Client> {
     let opts = async_nats::ConnectOptions::new()
         .retain_servers_order()
         .connection_timeout(Duration::from_secs(2));
-    async_nats::connect_with_options(order.join(","), opts)
+    async_nats::connect_with_options(order.clone(), opts)
         .await
         .with_context(|| format!("connecting to {}", order[0]))
 }
@@ -279,6 +279,9 @@ async fn publish_async(
     let permits = Arc::new(Semaphore::new(window));
     // Ack futures of the outstanding publishes, in send order, with their intended times.
     let (sent_tx, mut sent_rx) = mpsc::channel(window + 1);
+    // The connection closes when its last handle drops, failing every ack
+    // still outstanding: keep one here until all acks are in.
+    let _connection = js.clone();
     let sender = {
         let (args, permits, progress) = (args.clone(), permits.clone(), progress.clone());
         let start = Instant::now();
@@ -317,7 +320,10 @@ async fn publish_async(
                 stats.ack(intended, Instant::now(), args.size);
                 progress.published.fetch_add(1, Ordering::Relaxed);
             }
-            Err(_) => {
+            Err(e) => {
+                if stats.errors < 3 {
+                    eprintln!("publish failed: {e:#}");
+                }
                 stats.errors += 1;
                 progress.errors.fetch_add(1, Ordering::Relaxed);
             }

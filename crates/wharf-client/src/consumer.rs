@@ -196,10 +196,58 @@ impl Consumer {
 
     /// Acknowledge one message; returns once the ack is committed.
     pub async fn ack(&mut self, stream_seq: u64) -> Result<()> {
+        self.reply(pb::AckRequest {
+            stream_seq,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Negative ack: the message goes to a worker again after `delay`
+    /// (zero: at once). Returns once committed.
+    pub async fn nak(&mut self, stream_seq: u64, delay: Duration) -> Result<()> {
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        let kind = pb::AckKind::Nak as i32;
+        self.reply(pb::AckRequest {
+            stream_seq,
+            kind,
+            delay_ms,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Still working on it: restarts the message's AckWait. Returns once committed.
+    pub async fn in_progress(&mut self, stream_seq: u64) -> Result<()> {
+        let kind = pb::AckKind::InProgress as i32;
+        self.reply(pb::AckRequest {
+            stream_seq,
+            kind,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Terminate: the message is never redelivered. Returns once committed.
+    pub async fn term(&mut self, stream_seq: u64, reason: &str) -> Result<()> {
+        let kind = pb::AckKind::Term as i32;
+        let reason = reason.to_string();
+        self.reply(pb::AckRequest {
+            stream_seq,
+            kind,
+            reason,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Send an ack of any kind and wait until it is committed, reopening the
+    /// session as often as needed within the retry window (acks are idempotent).
+    async fn reply(&mut self, ack: pb::AckRequest) -> Result<()> {
         let give_up = tokio::time::Instant::now() + self.client.retry_for();
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.ack_once(stream_seq).await {
+            match self.ack_once(ack.clone()).await {
                 Ok(()) => return Ok(()),
                 Err(e) if is_retryable(&e) && tokio::time::Instant::now() < give_up => {
                     self.broken();
@@ -211,13 +259,10 @@ impl Consumer {
         }
     }
 
-    async fn ack_once(&mut self, stream_seq: u64) -> Result<()> {
+    async fn ack_once(&mut self, mut ack: pb::AckRequest) -> Result<()> {
         let reply_id = self.next_id();
+        ack.reply_id = reply_id;
         let session = self.open().await?;
-        let ack = pb::AckRequest {
-            stream_seq,
-            reply_id,
-        };
         let req = pb::ConsumeRequest {
             kind: Some(pb::consume_request::Kind::Ack(ack)),
         };

@@ -11,18 +11,20 @@
 //! - `delivered.stream_seq` is the highest stream sequence ever delivered,
 //!   `delivered.consumer_seq` the number of deliveries made (first deliveries
 //!   and redeliveries alike); both only grow;
-//! - every pending message has exactly one entry in `pending` (by stream seq)
-//!   and one in `by_consumer_seq` (its latest delivery), and the latter's
-//!   order is the redelivery order: oldest delivery first;
-//! - delivery times are clamped to be non-decreasing, so the oldest delivery
-//!   is also the first whose AckWait runs out (a new leader's clock may be
-//!   behind the old one's);
-//! - the ack floor never moves backwards.
+//! - every pending message has exactly one entry in `pending` (by stream seq),
+//!   one in `by_consumer_seq` (its latest delivery; gives the ack floor) and
+//!   one in `schedule` (when it may be redelivered: AckWait or the BackOff
+//!   step after its delivery, pushed back by in-progress, set by a nak);
+//! - delivery times are clamped to be non-decreasing (a new leader's clock
+//!   may be behind the old one's);
+//! - the ack floor never moves backwards;
+//! - a message leaves `pending` exactly once: acked, termed, exhausted
+//!   (MaxDeliver reached) or gone from the stream.
 //!
-//! Deliberately left out: push consumers, nak/term/in-progress acks, backoff
-//! schedules, max_deliver and deliver policies other than "all".
+//! Deliberately left out: push consumers and deliver policies other than
+//! "all".
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +37,18 @@ pub const DEFAULT_ACK_WAIT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_ACK_PENDING: i64 = 1000;
 /// MaxWaiting (pull requests waiting at once) when the user does not set one.
 pub const DEFAULT_MAX_WAITING: i64 = 512;
+
+/// How deliveries are acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum AckPolicy {
+    /// Each message is acked on its own (the default).
+    #[default]
+    Explicit,
+    /// An ack of stream seq N acks every pending message up to N.
+    All,
+    /// Nothing is tracked: a delivered message is done.
+    None,
+}
 
 /// A pull consumer's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -49,6 +63,16 @@ pub struct ConsumerConfig {
     pub max_ack_pending: i64,
     /// Most pull requests waiting at once.
     pub max_waiting: i64,
+    /// Explicit, all or none.
+    pub ack_policy: AckPolicy,
+    /// Deliveries of one message before it is given up on; `-1` unlimited.
+    pub max_deliver: i64,
+    /// Delays before redelivery, by delivery attempt (the last one repeats);
+    /// when set it replaces AckWait.
+    pub backoff_ms: Vec<u64>,
+    /// When a worker's session closes, its unacked messages become available
+    /// at once instead of after AckWait (the leader proposes naks for them).
+    pub redeliver_on_disconnect: bool,
 }
 
 impl ConsumerConfig {
@@ -65,6 +89,9 @@ impl ConsumerConfig {
         }
         if self.max_waiting <= 0 {
             self.max_waiting = DEFAULT_MAX_WAITING;
+        }
+        if self.max_deliver <= 0 {
+            self.max_deliver = -1;
         }
         if self.filter_subject.as_deref() == Some("") {
             self.filter_subject = None;
@@ -96,6 +123,24 @@ impl ConsumerConfig {
                 "max_waiting must be at least 1",
             ));
         }
+        if self.max_deliver == 0 || self.max_deliver < -1 {
+            return Err(CoreError::config(
+                "consumer",
+                "max_deliver must be -1 (unlimited) or at least 1",
+            ));
+        }
+        if self.backoff_ms.contains(&0) {
+            return Err(CoreError::config(
+                "consumer",
+                "backoff delays must be at least 1ms",
+            ));
+        }
+        if self.max_deliver > 0 && self.backoff_ms.len() as i64 >= self.max_deliver {
+            return Err(CoreError::config(
+                "consumer",
+                "max_deliver must be greater than the number of backoff delays",
+            ));
+        }
         Ok(())
     }
 
@@ -114,6 +159,13 @@ impl ConsumerConfig {
                 "consumer",
                 &self.name,
                 "filter subject cannot be changed",
+            ));
+        }
+        if new.ack_policy != self.ack_policy {
+            return Err(CoreError::update(
+                "consumer",
+                &self.name,
+                "ack policy cannot be changed",
             ));
         }
         new.validate()
@@ -138,6 +190,8 @@ pub struct Pending {
     pub deliveries: u64,
     /// When it was last delivered.
     pub delivered_ms: i64,
+    /// When it may be redelivered.
+    pub redeliver_at_ms: i64,
 }
 
 /// One delivery recorded by [`ConsumerState::apply_deliver`].
@@ -158,9 +212,15 @@ pub struct ConsumerState {
     delivered: SeqPair,
     /// Pending messages by stream seq.
     pending: BTreeMap<u64, Pending>,
-    /// consumer seq of the latest delivery -> stream seq; the redelivery queue.
+    /// consumer seq of the latest delivery -> stream seq; gives the ack floor.
     by_consumer_seq: BTreeMap<u64, u64>,
+    /// (redeliver_at_ms, stream seq): the redelivery schedule.
+    schedule: BTreeSet<(i64, u64)>,
     redelivered: u64,
+    /// Messages termed by a worker (cumulative).
+    terminated: u64,
+    /// Messages given up on after MaxDeliver deliveries (cumulative).
+    exhausted: u64,
     /// Latest delivery time recorded; delivery times never go below it.
     last_delivered_ms: i64,
 }
@@ -173,7 +233,10 @@ impl ConsumerState {
             delivered: SeqPair::default(),
             pending: BTreeMap::new(),
             by_consumer_seq: BTreeMap::new(),
+            schedule: BTreeSet::new(),
             redelivered: 0,
+            terminated: 0,
+            exhausted: 0,
             last_delivered_ms: i64::MIN,
         }
     }
@@ -184,11 +247,45 @@ impl ConsumerState {
     }
 
     /// Replaces the configuration (see [`ConsumerConfig::check_update`]).
-    /// A new ack_wait_ms applies to pending messages too.
+    /// A new AckWait or BackOff applies to pending messages too: their
+    /// redelivery times are recomputed from their last delivery (a nak's
+    /// delay is then forgotten).
     pub fn update_config(&mut self, config: ConsumerConfig) -> Result<(), CoreError> {
         self.config.check_update(&config)?;
+        let retime = config.ack_wait_ms != self.config.ack_wait_ms
+            || config.backoff_ms != self.config.backoff_ms;
         self.config = config;
+        if retime {
+            let seqs: Vec<u64> = self.pending.keys().copied().collect();
+            for seq in seqs {
+                if let Some(p) = self.pending.get(&seq).copied() {
+                    let at = p.delivered_ms.saturating_add(self.wait_ms(p.deliveries));
+                    self.reschedule(seq, at);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// How long delivery number `deliveries` may stay unacked: the BackOff
+    /// step for it (the last step repeats) or AckWait.
+    fn wait_ms(&self, deliveries: u64) -> i64 {
+        let backoff = &self.config.backoff_ms;
+        let ms = if backoff.is_empty() {
+            self.config.ack_wait_ms
+        } else {
+            let i = usize::try_from(deliveries.saturating_sub(1)).unwrap_or(usize::MAX);
+            backoff[i.min(backoff.len() - 1)]
+        };
+        i64::try_from(ms).unwrap_or(i64::MAX)
+    }
+
+    fn reschedule(&mut self, seq: u64, at_ms: i64) {
+        if let Some(p) = self.pending.get_mut(&seq) {
+            self.schedule.remove(&(p.redeliver_at_ms, seq));
+            p.redeliver_at_ms = at_ms;
+            self.schedule.insert((at_ms, seq));
+        }
     }
 
     /// Records deliveries the leader chose at `now_ms`, in order. A stream
@@ -214,6 +311,7 @@ impl ConsumerState {
                 1
             } else if let Some(p) = self.pending.get(&seq) {
                 self.by_consumer_seq.remove(&p.consumer_seq);
+                self.schedule.remove(&(p.redeliver_at_ms, seq));
                 p.deliveries.saturating_add(1)
             } else {
                 continue;
@@ -225,15 +323,20 @@ impl ConsumerState {
             } else if deliveries == 2 {
                 self.redelivered += 1;
             }
-            self.pending.insert(
-                seq,
-                Pending {
-                    consumer_seq,
-                    deliveries,
-                    delivered_ms,
-                },
-            );
-            self.by_consumer_seq.insert(consumer_seq, seq);
+            if self.config.ack_policy != AckPolicy::None {
+                let redeliver_at_ms = delivered_ms.saturating_add(self.wait_ms(deliveries));
+                self.pending.insert(
+                    seq,
+                    Pending {
+                        consumer_seq,
+                        deliveries,
+                        delivered_ms,
+                        redeliver_at_ms,
+                    },
+                );
+                self.by_consumer_seq.insert(consumer_seq, seq);
+                self.schedule.insert((redeliver_at_ms, seq));
+            }
             out.push(Delivery {
                 stream_seq: seq,
                 consumer_seq,
@@ -243,22 +346,99 @@ impl ConsumerState {
         out
     }
 
-    /// Acks by stream seq; returns how many of them were pending.
+    /// Acks by stream seq; returns how many pending messages they settled.
+    /// Under [`AckPolicy::All`] an ack of N settles every pending seq <= N.
     pub fn apply_ack(&mut self, stream_seqs: &[u64]) -> usize {
+        if self.config.ack_policy == AckPolicy::All {
+            let Some(&top) = stream_seqs.iter().max() else {
+                return 0;
+            };
+            let below: Vec<u64> = self.pending.range(..=top).map(|(s, _)| *s).collect();
+            return below
+                .into_iter()
+                .filter(|&seq| self.remove_pending(seq))
+                .count();
+        }
         stream_seqs
             .iter()
             .filter(|&&seq| self.remove_pending(seq))
             .count()
     }
 
+    /// A negative ack: the message may be redelivered after `delay_ms`
+    /// (0: at once). Returns whether it was pending.
+    pub fn apply_nak(&mut self, stream_seq: u64, delay_ms: u64, now_ms: i64) -> bool {
+        let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+        let at = now_ms.max(self.last_delivered_ms).saturating_add(delay);
+        let pending = self.pending.contains_key(&stream_seq);
+        self.reschedule(stream_seq, at);
+        pending
+    }
+
+    /// Work in progress: the message's AckWait (or BackOff step) starts
+    /// again from `now_ms`. Returns whether it was pending.
+    pub fn apply_in_progress(&mut self, stream_seq: u64, now_ms: i64) -> bool {
+        let Some(p) = self.pending.get(&stream_seq).copied() else {
+            return false;
+        };
+        let at = now_ms
+            .max(self.last_delivered_ms)
+            .saturating_add(self.wait_ms(p.deliveries));
+        self.reschedule(stream_seq, at);
+        true
+    }
+
+    /// Terminate: the message is never redelivered. Returns whether it was pending.
+    pub fn apply_term(&mut self, stream_seq: u64) -> bool {
+        let removed = self.remove_pending(stream_seq);
+        if removed {
+            self.terminated += 1;
+        }
+        removed
+    }
+
+    /// Give up on messages that reached MaxDeliver (see
+    /// [`ConsumerState::exhausted`]); returns those that were pending.
+    pub fn apply_exhausted(&mut self, stream_seqs: &[u64]) -> Vec<u64> {
+        let out: Vec<u64> = stream_seqs
+            .iter()
+            .copied()
+            .filter(|&seq| self.remove_pending(seq))
+            .collect();
+        self.exhausted += out.len() as u64;
+        out
+    }
+
+    /// Whether a pending message has had all the deliveries MaxDeliver allows.
+    pub fn exhausted(&self, stream_seq: u64) -> bool {
+        match (
+            self.pending.get(&stream_seq),
+            u64::try_from(self.config.max_deliver),
+        ) {
+            (Some(p), Ok(max)) => p.deliveries >= max,
+            _ => false,
+        }
+    }
+
     fn remove_pending(&mut self, seq: u64) -> bool {
         match self.pending.remove(&seq) {
             Some(p) => {
                 self.by_consumer_seq.remove(&p.consumer_seq);
+                self.schedule.remove(&(p.redeliver_at_ms, seq));
                 true
             }
             None => false,
         }
+    }
+
+    /// Messages termed by workers (cumulative).
+    pub fn num_terminated(&self) -> u64 {
+        self.terminated
+    }
+
+    /// Messages given up on after MaxDeliver deliveries (cumulative).
+    pub fn num_exhausted(&self) -> u64 {
+        self.exhausted
     }
 
     /// Last delivery made: its consumer seq, and the highest stream seq
@@ -304,29 +484,23 @@ impl ConsumerState {
         self.pending.iter().map(|(&seq, p)| (seq, p))
     }
 
-    /// Stream seqs whose AckWait has run out at `now_ms`, oldest delivery
-    /// first, lazily. [`Self::due_for_redelivery`] collects it.
+    /// Stream seqs due for redelivery at `now_ms` (their AckWait or BackOff
+    /// step ran out, or a nak's delay passed), earliest first, lazily.
+    /// [`Self::due_for_redelivery`] collects it.
     pub fn due_iter(&self, now_ms: i64) -> impl Iterator<Item = u64> + '_ {
-        let ack_wait_ms = self.ack_wait_ms_i64();
-        self.by_consumer_seq.values().map_while(move |&seq| {
-            let p = self.pending.get(&seq)?;
-            (p.delivered_ms.saturating_add(ack_wait_ms) <= now_ms).then_some(seq)
-        })
+        self.schedule
+            .iter()
+            .map_while(move |&(at, seq)| (at <= now_ms).then_some(seq))
     }
 
-    /// Stream seqs whose AckWait has run out at `now_ms`
-    /// (`delivered_ms + ack_wait_ms <= now_ms`), oldest delivery first, at
-    /// most `limit`.
+    /// Stream seqs due for redelivery at `now_ms`, earliest first, at most `limit`.
     pub fn due_for_redelivery(&self, now_ms: i64, limit: usize) -> Vec<u64> {
         self.due_iter(now_ms).take(limit).collect()
     }
 
-    /// When the next pending message's AckWait runs out (`None` if nothing
-    /// is pending).
+    /// When the next pending message becomes due (`None` if nothing is pending).
     pub fn next_redelivery_ms(&self) -> Option<i64> {
-        let (_, seq) = self.by_consumer_seq.first_key_value()?;
-        let p = self.pending.get(seq)?;
-        Some(p.delivered_ms.saturating_add(self.ack_wait_ms_i64()))
+        self.schedule.first().map(|(at, _)| *at)
     }
 
     /// Free slots under MaxAckPending given `inflight_new` first deliveries
@@ -338,10 +512,6 @@ impl ConsumerState {
                 .saturating_sub(inflight_new),
             _ => usize::MAX,
         }
-    }
-
-    fn ack_wait_ms_i64(&self) -> i64 {
-        i64::try_from(self.config.ack_wait_ms).unwrap_or(i64::MAX)
     }
 }
 

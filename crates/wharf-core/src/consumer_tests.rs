@@ -149,7 +149,8 @@ fn redelivery_takes_new_consumer_seq_and_counts_once() {
         Some(&Pending {
             consumer_seq: 3,
             deliveries: 2,
-            delivered_ms: 1000
+            delivered_ms: 1000,
+            redeliver_at_ms: 2000
         })
     );
     // Redelivery order follows the latest delivery: 2 is now oldest.

@@ -92,6 +92,10 @@ pub struct Plan {
     /// Pending stream seqs the stream no longer holds; propose them too so
     /// they leave the consumer's pending set.
     pub gone: Vec<u64>,
+    /// Pending stream seqs that reached MaxDeliver and are due again: propose
+    /// them so the consumer gives up on them
+    /// ([`ConsumerState::apply_exhausted`]) instead of redelivering.
+    pub exhausted: Vec<u64>,
     /// Pulls that ended (expired before planning, or filled by this plan).
     pub finished: Vec<FinishedPull>,
 }
@@ -99,7 +103,25 @@ pub struct Plan {
 impl Plan {
     /// Nothing to propose and nothing to report.
     pub fn is_empty(&self) -> bool {
-        self.assignments.is_empty() && self.gone.is_empty() && self.finished.is_empty()
+        self.assignments.is_empty()
+            && self.gone.is_empty()
+            && self.exhausted.is_empty()
+            && self.finished.is_empty()
+    }
+
+    /// Whether there is anything to propose.
+    pub fn has_proposal(&self) -> bool {
+        !(self.assignments.is_empty() && self.gone.is_empty() && self.exhausted.is_empty())
+    }
+
+    /// Every stream seq the proposal names (assignments, gone, exhausted):
+    /// what to pass to [`Dispatcher::settle`] once it is applied or failed.
+    pub fn all_seqs(&self) -> Vec<u64> {
+        let planned = self.assignments.iter().map(|a| a.stream_seq);
+        planned
+            .chain(self.gone.iter().copied())
+            .chain(self.exhausted.iter().copied())
+            .collect()
     }
 
     /// The stream seqs of the assignments, in order: the `stream_seqs`
@@ -221,8 +243,10 @@ impl Dispatcher {
             finished: self.expire(now_ms),
             ..Plan::default()
         };
-        for seq in consumer.due_iter(now_ms) {
-            if self.waiting.is_empty() || plan.assignments.len() >= max_batch {
+        // Due messages: gone and exhausted ones are settled even when no pull
+        // waits; the scan is bounded so a large backlog costs little.
+        for seq in consumer.due_iter(now_ms).take(max_batch.saturating_mul(4)) {
+            if plan.assignments.len() + plan.gone.len() + plan.exhausted.len() >= max_batch {
                 break;
             }
             if self.inflight.contains_key(&seq) {
@@ -230,6 +254,15 @@ impl Dispatcher {
             }
             if stream.get(seq).is_none() {
                 plan.gone.push(seq);
+                self.inflight.insert(seq, false);
+                continue;
+            }
+            if consumer.exhausted(seq) {
+                plan.exhausted.push(seq);
+                self.inflight.insert(seq, false);
+                continue;
+            }
+            if self.waiting.is_empty() {
                 continue;
             }
             self.assign(&mut plan, seq, true);

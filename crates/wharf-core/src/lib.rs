@@ -17,7 +17,7 @@ pub mod error;
 pub mod stream;
 pub mod subject;
 
-pub use consumer::{ConsumerConfig, ConsumerState, Delivery, Pending, SeqPair};
+pub use consumer::{AckPolicy, ConsumerConfig, ConsumerState, Delivery, Pending, SeqPair};
 pub use dispatch::{Assignment, Dispatcher, FinishedPull, Plan, PullEnd, SessionId, WaitingPull};
 pub use error::CoreError;
 pub use stream::{Appended, MsgMeta, StreamConfig, StreamState, StreamStats};

@@ -29,8 +29,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use wharf_core::{
-    ConsumerConfig, ConsumerState, Dispatcher, FinishedPull, Plan, PullEnd, StreamConfig,
-    StreamState,
+    AckPolicy, ConsumerConfig, ConsumerState, Dispatcher, FinishedPull, Plan, PullEnd,
+    StreamConfig, StreamState,
 };
 
 type Out = Result<Vec<String>, String>;
@@ -141,8 +141,13 @@ impl Harness {
                     })
                     .collect();
                 out.extend(plan.gone.iter().map(|s| format!("gone stream_seq={s}")));
+                out.extend(
+                    plan.exhausted
+                        .iter()
+                        .map(|s| format!("exhausted stream_seq={s}")),
+                );
                 out.extend(plan.finished.iter().map(finished));
-                if !plan.assignments.is_empty() || !plan.gone.is_empty() {
+                if plan.has_proposal() {
                     self.proposed.push_back(plan);
                 }
                 Ok(nothing_if_empty(out))
@@ -153,7 +158,7 @@ impl Harness {
             }
             "fail" => {
                 let plan = self.proposed.pop_front().ok_or("nothing proposed")?;
-                self.dispatcher.settle(&plan.stream_seqs());
+                self.dispatcher.settle(&plan.all_seqs());
                 Ok(vec![])
             }
             "ack" => {
@@ -162,6 +167,24 @@ impl Harness {
                     .collect::<Result<Vec<_>, _>>()?;
                 let n = self.consumer_mut()?.apply_ack(&seqs);
                 Ok(vec![format!("acked {n}")])
+            }
+            "nak" => {
+                let seq = one_seq(&args)?;
+                let delay = args.take("delay")?.unwrap_or(0);
+                let now = self.now_ms;
+                let was = self.consumer_mut()?.apply_nak(seq, delay, now);
+                Ok(vec![format!("nak pending={was}")])
+            }
+            "progress" => {
+                let seq = one_seq(&args)?;
+                let now = self.now_ms;
+                let was = self.consumer_mut()?.apply_in_progress(seq, now);
+                Ok(vec![format!("in progress pending={was}")])
+            }
+            "term" => {
+                let seq = one_seq(&args)?;
+                let was = self.consumer_mut()?.apply_term(seq);
+                Ok(vec![format!("term pending={was}")])
             }
             "expire" => {
                 let mut out: Vec<String> = self
@@ -237,6 +260,21 @@ impl Harness {
         cfg.ack_wait_ms = args.take("ack_wait_ms")?.unwrap_or(cfg.ack_wait_ms);
         cfg.max_ack_pending = args.take("max_ack_pending")?.unwrap_or(cfg.max_ack_pending);
         cfg.max_waiting = args.take("max_waiting")?.unwrap_or(cfg.max_waiting);
+        cfg.max_deliver = args.take("max_deliver")?.unwrap_or(cfg.max_deliver);
+        if let Some(backoff) = args.take::<String>("backoff")? {
+            cfg.backoff_ms = backoff
+                .split(',')
+                .map(|v| v.parse().map_err(|_| format!("bad backoff {v:?}")))
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(policy) = args.take::<String>("ack_policy")? {
+            cfg.ack_policy = match policy.as_str() {
+                "explicit" => AckPolicy::Explicit,
+                "all" => AckPolicy::All,
+                "none" => AckPolicy::None,
+                other => return Err(format!("bad ack_policy {other:?}")),
+            };
+        }
         let cfg = cfg.with_defaults();
         if let Some(c) = self.consumer.as_mut().filter(|_| update) {
             return Ok(match c.update_config(cfg) {
@@ -284,8 +322,10 @@ impl Harness {
     fn apply(&mut self, plan: &Plan) -> Out {
         let seqs = plan.stream_seqs();
         let now = self.now_ms;
-        let deliveries = self.consumer_mut()?.apply_deliver(&seqs, &plan.gone, now);
-        self.dispatcher.settle(&seqs);
+        let consumer = self.consumer_mut()?;
+        let deliveries = consumer.apply_deliver(&seqs, &plan.gone, now);
+        let exhausted = consumer.apply_exhausted(&plan.exhausted);
+        self.dispatcher.settle(&plan.all_seqs());
         let mut out = Vec::new();
         for a in &plan.assignments {
             out.push(
@@ -302,6 +342,11 @@ impl Harness {
             );
         }
         out.extend(plan.gone.iter().map(|s| format!("gone stream_seq={s}")));
+        out.extend(
+            exhausted
+                .iter()
+                .map(|s| format!("exhausted stream_seq={s}")),
+        );
         Ok(out)
     }
 
@@ -340,6 +385,13 @@ impl Harness {
             num_pending,
             self.dispatcher.num_waiting()
         ));
+        if c.num_terminated() + c.num_exhausted() > 0 {
+            out.push(format!(
+                "num_terminated={} num_exhausted={}",
+                c.num_terminated(),
+                c.num_exhausted()
+            ));
+        }
         for w in self.dispatcher.waiting() {
             let mut line = format!(
                 "waiting: session={} pull={} remaining={} delivered={}",
@@ -367,6 +419,13 @@ impl Harness {
 
     fn stream_mut(&mut self) -> Result<&mut StreamState, String> {
         self.stream.as_mut().ok_or_else(|| "no stream yet".into())
+    }
+}
+
+fn one_seq(args: &Args) -> Result<u64, String> {
+    match args.words.as_slice() {
+        [w] => w.parse().map_err(|_| format!("bad seq {w:?}")),
+        _ => Err("expected one stream seq".into()),
     }
 }
 

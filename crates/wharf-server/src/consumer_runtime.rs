@@ -34,7 +34,7 @@ use wharf_core::dispatch::{Assignment, Dispatcher, PullEnd, SessionId};
 use wharf_proto::v1 as pb;
 use wharf_raft::{Group, RaftError, Role};
 
-use crate::consumer_sm::{ConsumerCommand, ConsumerMachine, ConsumerResponse};
+use crate::consumer_sm::{AckKind, ConsumerCommand, ConsumerMachine, ConsumerResponse};
 use crate::error::ServerError;
 use crate::stream_sm::{read_message, StreamMachine};
 use crate::util::now_ms;
@@ -45,6 +45,8 @@ pub const MAX_PULL_BATCH: u32 = 10_000;
 const MAX_DELIVER_BATCH: usize = 512;
 /// Deliver entries in flight at once.
 const MAX_DELIVER_INFLIGHT: usize = 2;
+/// Unacked messages remembered per session for redeliver-on-disconnect.
+const MAX_TRACKED_SENT: usize = 1_000_000;
 /// Acks batched into one Ack entry.
 const MAX_ACK_BATCH: usize = 4096;
 /// Events queued towards the runtime.
@@ -63,11 +65,7 @@ pub enum Event {
         session: SessionId,
         pull: pb::PullRequest,
     },
-    Ack {
-        session: SessionId,
-        stream_seq: u64,
-        reply_id: u64,
-    },
+    Ack(PendingAck),
     Close {
         session: SessionId,
     },
@@ -110,13 +108,25 @@ pub struct RuntimeContext {
     pub desired_config: watch::Receiver<ConsumerConfig>,
 }
 
+/// An ack of any kind from a session, waiting to be proposed.
+#[derive(Debug, Clone, Copy)]
+pub struct PendingAck {
+    pub session: SessionId,
+    pub stream_seq: u64,
+    /// Non-zero: answer with an AckReply once committed.
+    pub reply_id: u64,
+    pub kind: AckKind,
+}
+
 enum WriteDone {
     Deliver {
         assignments: Vec<Assignment>,
+        /// Every seq the proposal named, to settle in the dispatcher.
+        settle: Vec<u64>,
         result: Result<Vec<u8>, RaftError>,
     },
     Ack {
-        acks: Vec<(SessionId, u64, u64)>,
+        acks: Vec<PendingAck>,
         result: Result<Vec<u8>, RaftError>,
     },
     Config {
@@ -138,7 +148,10 @@ struct Runner {
     pull_inflight: HashMap<PullKey, usize>,
     /// Final statuses held back until the pull's messages are out.
     pull_end: HashMap<PullKey, (pb::pull_status::Code, u32)>,
-    acks: Vec<(SessionId, u64, u64)>,
+    acks: Vec<PendingAck>,
+    /// Which session each unacked message was last sent to, for
+    /// redeliver-on-disconnect (bounded by MAX_TRACKED_SENT).
+    sent: HashMap<u64, SessionId>,
     deliver_inflight: usize,
     ack_inflight: bool,
     config_inflight: bool,
@@ -157,6 +170,7 @@ impl Runner {
             pull_inflight: HashMap::new(),
             pull_end: HashMap::new(),
             acks: Vec::new(),
+            sent: HashMap::new(),
             deliver_inflight: 0,
             ack_inflight: false,
             config_inflight: false,
@@ -213,6 +227,7 @@ impl Runner {
         self.pull_inflight.clear();
         self.pull_end.clear();
         self.acks.clear();
+        self.sent.clear();
     }
 
     fn next_wake(&self) -> Duration {
@@ -225,6 +240,19 @@ impl Runner {
                 .lock()
                 .map(|c| c.state().next_redelivery_ms());
             if let Ok(Some(r)) = redeliver {
+                at = Some(at.map_or(r, |a| a.min(r)));
+            }
+        } else if self.leader {
+            // Nobody is pulling: only MaxDeliver give-ups need the clock, and
+            // a check a second suffices for them.
+            let next = self.ctx.consumer.lock().ok().and_then(|c| {
+                let state = c.state();
+                (state.config().max_deliver > 0)
+                    .then(|| state.next_redelivery_ms())
+                    .flatten()
+            });
+            if let Some(r) = next {
+                let r = r.max(now + 1000);
                 at = Some(at.map_or(r, |a| a.min(r)));
             }
         }
@@ -245,23 +273,52 @@ impl Runner {
                 self.sessions.insert(session, out);
             }
             Event::Pull { session, pull } => self.on_pull(session, pull),
-            Event::Ack {
-                session,
-                stream_seq,
-                reply_id,
-            } => {
+            Event::Ack(ack) => {
                 if self.leader && self.acks.len() < MAX_ACK_BATCH * 16 {
-                    self.acks.push((session, stream_seq, reply_id));
-                } else if reply_id != 0 {
-                    self.reply_ack(session, reply_id, "ack not accepted: retry".into());
+                    if ack.kind != AckKind::InProgress {
+                        self.sent.remove(&ack.stream_seq);
+                    }
+                    self.acks.push(ack);
+                } else if ack.reply_id != 0 {
+                    self.reply_ack(ack.session, ack.reply_id, "ack not accepted: retry".into());
                 }
             }
             Event::Close { session } => {
+                self.redeliver_sent_to(session);
                 self.sessions.remove(&session);
                 self.dispatcher.remove_session(session);
                 self.no_wait.retain(|(s, _)| *s != session);
                 self.pull_end.retain(|(s, _), _| *s != session);
             }
+        }
+    }
+
+    /// With redeliver-on-disconnect, what a closed session held unacked is
+    /// nak'ed at once so the next waiting worker gets it.
+    fn redeliver_sent_to(&mut self, session: SessionId) {
+        let enabled = self
+            .ctx
+            .consumer
+            .lock()
+            .map(|c| c.state().config().redeliver_on_disconnect);
+        if !self.leader || !enabled.unwrap_or(false) {
+            return;
+        }
+        let held: Vec<u64> = self
+            .sent
+            .iter()
+            .filter(|(_, s)| **s == session)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for stream_seq in held {
+            self.sent.remove(&stream_seq);
+            let kind = AckKind::Nak { delay_ms: 0 };
+            self.acks.push(PendingAck {
+                session,
+                stream_seq,
+                reply_id: 0,
+                kind,
+            });
         }
     }
 
@@ -402,10 +459,23 @@ impl Runner {
         );
     }
 
+    /// A message that reached MaxDeliver is due: it must be given up on even
+    /// when no pull waits, so it stops holding a MaxAckPending slot.
+    fn give_up_due(&self) -> bool {
+        let now = now_ms();
+        self.ctx.consumer.lock().is_ok_and(|c| {
+            let state = c.state();
+            state.config().max_deliver > 0
+                && state.due_iter(now).take(64).any(|seq| state.exhausted(seq))
+        })
+    }
+
     fn dispatch(&mut self) {
-        while self.deliver_inflight < MAX_DELIVER_INFLIGHT && self.dispatcher.num_waiting() > 0 {
+        while self.deliver_inflight < MAX_DELIVER_INFLIGHT
+            && (self.dispatcher.num_waiting() > 0 || self.give_up_due())
+        {
             let now = now_ms();
-            let plan = {
+            let mut plan = {
                 let (Ok(consumer), Ok(stream)) =
                     (self.ctx.consumer.lock(), self.ctx.stream_sm.lock())
                 else {
@@ -422,7 +492,7 @@ impl Runner {
             }
             // Pulls the plan finished (filled, or expired while planning) end
             // now, or after their in-flight messages if they have any.
-            for f in plan.finished {
+            for f in std::mem::take(&mut plan.finished) {
                 let key = (f.session, f.pull_id);
                 let code = match f.end {
                     PullEnd::Done => pb::pull_status::Code::Done,
@@ -433,13 +503,15 @@ impl Runner {
                 };
                 self.end_pull(key, code, f.delivered);
             }
-            if plan.assignments.is_empty() && plan.gone.is_empty() {
+            if !plan.has_proposal() {
                 return;
             }
+            let settle = plan.all_seqs();
             let cmd = ConsumerCommand::Deliver {
                 now_ms: now,
                 stream_seqs: plan.assignments.iter().map(|a| a.stream_seq).collect(),
                 gone: plan.gone,
+                exhausted: plan.exhausted,
             };
             let Ok(cmd) = bincode::serialize(&cmd) else {
                 return;
@@ -452,6 +524,7 @@ impl Runner {
                     let result = group.write(cmd).await;
                     WriteDone::Deliver {
                         assignments,
+                        settle,
                         result,
                     }
                 }
@@ -466,8 +539,9 @@ impl Runner {
         }
         let take = self.acks.len().min(MAX_ACK_BATCH);
         let acks: Vec<_> = self.acks.drain(..take).collect();
-        let cmd = ConsumerCommand::Ack {
-            stream_seqs: acks.iter().map(|a| a.1).collect(),
+        let cmd = ConsumerCommand::Acks {
+            now_ms: now_ms(),
+            items: acks.iter().map(|a| (a.stream_seq, a.kind)).collect(),
         };
         let Ok(cmd) = bincode::serialize(&cmd) else {
             return;
@@ -487,11 +561,11 @@ impl Runner {
         match done {
             WriteDone::Deliver {
                 assignments,
+                settle,
                 result,
             } => {
                 self.deliver_inflight -= 1;
-                let seqs: Vec<u64> = assignments.iter().map(|a| a.stream_seq).collect();
-                self.dispatcher.settle(&seqs);
+                self.dispatcher.settle(&settle);
                 match result.map(|b| bincode::deserialize::<ConsumerResponse>(&b)) {
                     Ok(Ok(resp)) => self.deliver(assignments, resp),
                     Ok(Err(e)) => tracing::error!("undecodable deliver response: {e}"),
@@ -507,9 +581,9 @@ impl Runner {
                     Ok(_) => String::new(),
                     Err(e) => format!("ack not committed: {e}; retry"),
                 };
-                for (session, _, reply_id) in acks {
-                    if reply_id != 0 {
-                        self.reply_ack(session, reply_id, error.clone());
+                for ack in acks {
+                    if ack.reply_id != 0 {
+                        self.reply_ack(ack.session, ack.reply_id, error.clone());
                     }
                 }
             }
@@ -549,6 +623,9 @@ impl Runner {
                 pull_id: a.pull_id,
                 published_ms: msg.published_ms,
             };
+            if self.sent.len() < MAX_TRACKED_SENT {
+                self.sent.insert(d.stream_seq, a.session);
+            }
             self.send(a.session, pb::consume_response::Kind::Message(message));
         }
         for a in &assignments {

@@ -2,9 +2,11 @@
 //!
 //! Wraps `wharf_core::consumer::ConsumerState`. Only the leader proposes
 //! commands: `Deliver` (a batch of messages it has chosen for waiting pulls,
-//! stamped with its clock), `Ack` (a batch of acks from any workers) and
-//! `UpdateConfig`. A message is sent to a worker only after its `Deliver`
-//! entry is applied, so a new leader never forgets what was handed out.
+//! stamped with its clock, plus messages the stream no longer has and
+//! messages that reached MaxDeliver), `Acks` (a batch of acks, naks,
+//! in-progress and terms from any workers) and `UpdateConfig`. A message is
+//! sent to a worker only after its `Deliver` entry is applied, so a new leader
+//! never forgets what was handed out.
 //!
 //! Invariants: the state is a pure function of the applied commands; apply
 //! never fails, it skips what no longer applies (an ack of an acked message).
@@ -23,13 +25,25 @@ pub enum ConsumerCommand {
         now_ms: i64,
         stream_seqs: Vec<u64>,
         gone: Vec<u64>,
+        exhausted: Vec<u64>,
     },
-    Ack {
-        stream_seqs: Vec<u64>,
+    /// A batch of acks of every kind, applied in order.
+    Acks {
+        now_ms: i64,
+        items: Vec<(u64, AckKind)>,
     },
     UpdateConfig {
         config: ConsumerConfig,
     },
+}
+
+/// What a worker said about a delivered message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AckKind {
+    Ack,
+    Nak { delay_ms: u64 },
+    InProgress,
+    Term,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,32 +91,50 @@ impl ConsumerMachine {
     pub fn state(&self) -> &ConsumerState {
         &self.state
     }
-}
 
-impl StateMachine for ConsumerMachine {
-    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
-        let response = match bincode::deserialize::<ConsumerCommand>(command) {
-            Ok(ConsumerCommand::Deliver {
+    fn apply_command(&mut self, cmd: ConsumerCommand) -> ConsumerResponse {
+        match cmd {
+            ConsumerCommand::Deliver {
                 now_ms,
                 stream_seqs,
                 gone,
-            }) => {
+                exhausted,
+            } => {
                 let d = self.state.apply_deliver(&stream_seqs, &gone, now_ms);
+                for seq in self.state.apply_exhausted(&exhausted) {
+                    tracing::info!(stream_seq = seq, "message reached max_deliver: given up");
+                }
                 ConsumerResponse::Delivered(
                     d.into_iter()
                         .map(|d| (d.stream_seq, d.consumer_seq, d.deliveries))
                         .collect(),
                 )
             }
-            Ok(ConsumerCommand::Ack { stream_seqs }) => {
-                ConsumerResponse::Acked(self.state.apply_ack(&stream_seqs))
-            }
-            Ok(ConsumerCommand::UpdateConfig { config }) => {
-                match self.state.update_config(config) {
-                    Ok(()) => ConsumerResponse::Updated,
-                    Err(e) => ConsumerResponse::Failed(e.into()),
+            ConsumerCommand::Acks { now_ms, items } => {
+                let mut settled = 0;
+                for (seq, kind) in items {
+                    let hit = match kind {
+                        AckKind::Ack => self.state.apply_ack(&[seq]) > 0,
+                        AckKind::Nak { delay_ms } => self.state.apply_nak(seq, delay_ms, now_ms),
+                        AckKind::InProgress => self.state.apply_in_progress(seq, now_ms),
+                        AckKind::Term => self.state.apply_term(seq),
+                    };
+                    settled += usize::from(hit);
                 }
+                ConsumerResponse::Acked(settled)
             }
+            ConsumerCommand::UpdateConfig { config } => match self.state.update_config(config) {
+                Ok(()) => ConsumerResponse::Updated,
+                Err(e) => ConsumerResponse::Failed(e.into()),
+            },
+        }
+    }
+}
+
+impl StateMachine for ConsumerMachine {
+    fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
+        let response = match bincode::deserialize::<ConsumerCommand>(command) {
+            Ok(cmd) => self.apply_command(cmd),
             Err(e) => ConsumerResponse::Failed(ServerError::Internal(format!(
                 "undecodable consumer command: {e}"
             ))),

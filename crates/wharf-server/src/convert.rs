@@ -3,7 +3,7 @@
 //! Wire defaults (0 = "the default") are resolved here by `with_defaults`, so
 //! everything past this module sees complete configurations.
 
-use wharf_core::consumer::ConsumerConfig;
+use wharf_core::consumer::{AckPolicy, ConsumerConfig};
 use wharf_core::stream::StreamConfig;
 use wharf_proto::v1 as pb;
 
@@ -46,12 +46,27 @@ pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<Consumer
     } else {
         Some(c.filter_subject)
     };
+    let ack_policy = match pb::AckPolicy::try_from(c.ack_policy) {
+        Ok(pb::AckPolicy::AckExplicit) => AckPolicy::Explicit,
+        Ok(pb::AckPolicy::AckAll) => AckPolicy::All,
+        Ok(pb::AckPolicy::AckNone) => AckPolicy::None,
+        Err(_) => {
+            return Err(ServerError::Invalid(format!(
+                "unknown ack policy {}",
+                c.ack_policy
+            )))
+        }
+    };
     let config = ConsumerConfig {
         name: c.name,
         filter_subject: filter,
         ack_wait_ms: c.ack_wait_ms,
         max_ack_pending: c.max_ack_pending,
         max_waiting: c.max_waiting,
+        ack_policy,
+        max_deliver: c.max_deliver,
+        backoff_ms: c.backoff_ms,
+        redeliver_on_disconnect: c.redeliver_on_disconnect,
     }
     .with_defaults();
     config.validate()?;
@@ -65,5 +80,13 @@ pub fn consumer_config_to_pb(c: &ConsumerConfig) -> pb::ConsumerConfig {
         ack_wait_ms: c.ack_wait_ms,
         max_ack_pending: c.max_ack_pending,
         max_waiting: c.max_waiting,
+        ack_policy: match c.ack_policy {
+            AckPolicy::Explicit => pb::AckPolicy::AckExplicit,
+            AckPolicy::All => pb::AckPolicy::AckAll,
+            AckPolicy::None => pb::AckPolicy::AckNone,
+        } as i32,
+        max_deliver: c.max_deliver,
+        backoff_ms: c.backoff_ms.clone(),
+        redeliver_on_disconnect: c.redeliver_on_disconnect,
     }
 }

@@ -257,6 +257,8 @@ impl NodeInner {
                     num_redelivered: state.num_redelivered(),
                     num_waiting: local.runtime.num_waiting.load(Ordering::Relaxed),
                     num_pending,
+                    num_terminated: state.num_terminated(),
+                    num_exhausted: state.num_exhausted(),
                     cluster: Some(pb::ClusterInfo {
                         leader: status.leader.unwrap_or(0),
                         replicas: entry.replicas.clone(),

@@ -19,7 +19,8 @@ use wharf_core::subject::validate_subject;
 use wharf_proto::v1 as pb;
 use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
-use crate::consumer_runtime::{ConsumerRuntime, Event, SESSION_OUTBOX};
+use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX};
+use crate::consumer_sm::AckKind;
 use crate::convert::{consumer_config_from_pb, stream_config_from_pb};
 use crate::error::{Result, ServerError};
 use crate::forward::{hops, onward, retry};
@@ -167,11 +168,32 @@ impl WharfService {
                 };
                 let event = match kind {
                     pb::consume_request::Kind::Pull(pull) => Event::Pull { session, pull },
-                    pb::consume_request::Kind::Ack(ack) => Event::Ack {
-                        session,
-                        stream_seq: ack.stream_seq,
-                        reply_id: ack.reply_id,
-                    },
+                    pb::consume_request::Kind::Ack(ack) => {
+                        let kind = match pb::AckKind::try_from(ack.kind) {
+                            Ok(pb::AckKind::Ack) => AckKind::Ack,
+                            Ok(pb::AckKind::Nak) => AckKind::Nak {
+                                delay_ms: ack.delay_ms,
+                            },
+                            Ok(pb::AckKind::InProgress) => AckKind::InProgress,
+                            Ok(pb::AckKind::Term) => {
+                                if !ack.reason.is_empty() {
+                                    tracing::info!(stream_seq = ack.stream_seq, reason = %ack.reason, "message termed");
+                                }
+                                AckKind::Term
+                            }
+                            Err(_) => {
+                                let msg = format!("unknown ack kind {}", ack.kind);
+                                let _ = tx.send(Err(Status::invalid_argument(msg))).await;
+                                break;
+                            }
+                        };
+                        Event::Ack(PendingAck {
+                            session,
+                            stream_seq: ack.stream_seq,
+                            reply_id: ack.reply_id,
+                            kind,
+                        })
+                    }
                     pb::consume_request::Kind::Open(_) => {
                         let _ = tx
                             .send(Err(Status::invalid_argument(

@@ -96,6 +96,7 @@ async fn setup(admin: &Client, args: &BenchArgs) -> Result<()> {
             ack_wait_ms: 30_000,
             max_ack_pending: args.max_ack_pending,
             max_waiting: 512,
+            ..Default::default()
         };
         admin.add_consumer(&args.stream, consumer).await?;
     }

@@ -198,6 +198,21 @@ pub struct ConsumerAddArgs {
     /// Most pull requests waiting at once.
     #[arg(long, default_value_t = 512)]
     pub max_waiting: i64,
+    /// explicit: ack each message; all: an ack covers every earlier message;
+    /// none: nothing is tracked, a delivered message is done.
+    #[arg(long, default_value = "explicit", value_parser = ["explicit", "all", "none"])]
+    pub ack_policy: String,
+    /// Give a message up after this many deliveries; -1 unlimited.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub max_deliver: i64,
+    /// Delays before each redelivery, e.g. 1s,10s,1m (the last repeats);
+    /// replaces --ack-wait. Needs --max-deliver above the number of delays.
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
+    pub backoff: Vec<std::time::Duration>,
+    /// When a worker disconnects, its unacked messages go to other workers
+    /// at once instead of after AckWait.
+    #[arg(long)]
+    pub redeliver_on_disconnect: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -212,6 +227,12 @@ pub struct ConsumerEditArgs {
     pub max_pending: Option<i64>,
     #[arg(long)]
     pub max_waiting: Option<i64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_deliver: Option<i64>,
+    #[arg(long, value_delimiter = ',', value_parser = humantime::parse_duration)]
+    pub backoff: Option<Vec<std::time::Duration>>,
+    #[arg(long)]
+    pub redeliver_on_disconnect: Option<bool>,
     #[arg(long)]
     pub json: bool,
 }
@@ -227,8 +248,17 @@ pub struct NextArgs {
     #[arg(long, conflicts_with = "no_ack")]
     pub ack: bool,
     /// Leave the messages unacknowledged.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["nak", "term"])]
     pub no_ack: bool,
+    /// Negative-ack each message: it goes to a worker again (after --nak-delay).
+    #[arg(long, conflicts_with_all = ["ack", "term"])]
+    pub nak: bool,
+    /// With --nak: how long before the message may be redelivered.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub nak_delay: std::time::Duration,
+    /// Terminate each message: it is never redelivered.
+    #[arg(long, conflicts_with_all = ["ack"])]
+    pub term: bool,
     /// How long to wait for messages.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub wait: std::time::Duration,

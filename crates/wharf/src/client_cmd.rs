@@ -130,12 +130,21 @@ fn ms(d: Duration) -> Result<u64> {
 async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
     match cmd {
         ConsumerCmd::Add(a) => {
+            let ack_policy = match a.ack_policy.as_str() {
+                "all" => pb::AckPolicy::AckAll,
+                "none" => pb::AckPolicy::AckNone,
+                _ => pb::AckPolicy::AckExplicit,
+            };
             let config = pb::ConsumerConfig {
                 name: a.name,
                 filter_subject: a.filter.unwrap_or_default(),
                 ack_wait_ms: ms(a.ack_wait)?,
                 max_ack_pending: a.max_pending,
                 max_waiting: a.max_waiting,
+                ack_policy: ack_policy as i32,
+                max_deliver: a.max_deliver,
+                backoff_ms: a.backoff.into_iter().map(ms).collect::<Result<_>>()?,
+                redeliver_on_disconnect: a.redeliver_on_disconnect,
             };
             print_consumer(&client.add_consumer(&a.stream, config).await?, a.json)
         }
@@ -150,6 +159,15 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
             }
             if let Some(w) = e.max_waiting {
                 config.max_waiting = w;
+            }
+            if let Some(m) = e.max_deliver {
+                config.max_deliver = m;
+            }
+            if let Some(b) = e.backoff {
+                config.backoff_ms = b.into_iter().map(ms).collect::<Result<_>>()?;
+            }
+            if let Some(r) = e.redeliver_on_disconnect {
+                config.redeliver_on_disconnect = r;
             }
             print_consumer(&client.update_consumer(&e.stream, config).await?, e.json)
         }
@@ -187,7 +205,6 @@ async fn next(client: &Client, args: NextArgs) -> Result<()> {
     if args.count == 0 {
         bail!("--count must be at least 1");
     }
-    let ack = !args.no_ack;
     let mut consumer = client.consumer(&args.stream, &args.name);
     let messages = consumer.fetch(args.count, args.wait).await?;
     if messages.is_empty() {
@@ -202,11 +219,22 @@ async fn next(client: &Client, args: NextArgs) -> Result<()> {
         } else {
             print!("{}", format::message_text(m));
         }
-        if ack {
+        let said = if args.nak {
+            consumer.nak(m.stream_seq, args.nak_delay).await?;
+            "Nak'ed message"
+        } else if args.term {
+            consumer
+                .term(m.stream_seq, "terminated from the CLI")
+                .await?;
+            "Terminated message"
+        } else if args.no_ack {
+            continue;
+        } else {
             consumer.ack(m.stream_seq).await?;
-            if !args.json {
-                println!("Acknowledged message\n");
-            }
+            "Acknowledged message"
+        };
+        if !args.json {
+            println!("{said}\n");
         }
     }
     consumer.close();

@@ -150,6 +150,25 @@ pub fn stream_table(streams: &[pb::StreamInfo]) -> String {
     out
 }
 
+fn ack_policy_name(policy: i32) -> &'static str {
+    match pb::AckPolicy::try_from(policy) {
+        Ok(pb::AckPolicy::AckAll) => "All",
+        Ok(pb::AckPolicy::AckNone) => "None",
+        _ => "Explicit",
+    }
+}
+
+fn backoff_text(backoff_ms: &[u64]) -> String {
+    if backoff_ms.is_empty() {
+        return "none (Ack Wait applies)".into();
+    }
+    let steps: Vec<String> = backoff_ms
+        .iter()
+        .map(|ms| humantime::format_duration(std::time::Duration::from_millis(*ms)).to_string())
+        .collect();
+    steps.join(", ")
+}
+
 pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
     let c = info.config.clone().unwrap_or_default();
     let d = info.delivered.unwrap_or_default();
@@ -163,7 +182,10 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
             "durable_name": c.name,
             "filter_subject": c.filter_subject,
             "deliver_policy": "all",
-            "ack_policy": "explicit",
+            "ack_policy": ack_policy_name(c.ack_policy).to_lowercase(),
+            "max_deliver": c.max_deliver,
+            "backoff": c.backoff_ms.iter().map(|ms| ms.saturating_mul(1_000_000)).collect::<Vec<_>>(),
+            "redeliver_on_disconnect": c.redeliver_on_disconnect,
             "ack_wait": c.ack_wait_ms.saturating_mul(1_000_000),
             "max_ack_pending": c.max_ack_pending,
             "max_waiting": c.max_waiting,
@@ -174,6 +196,8 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
         "num_redelivered": info.num_redelivered,
         "num_waiting": info.num_waiting,
         "num_pending": info.num_pending,
+        "num_terminated": info.num_terminated,
+        "num_max_delivered": info.num_exhausted,
         "cluster": { "leader": cl.leader, "replicas": cl.replicas, "term": cl.term },
     })
 }
@@ -200,10 +224,16 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
             ("Name", c.name.clone()),
             ("Pull Mode", "true".into()),
             ("Filter Subject", filter),
-            ("Ack Policy", "Explicit".into()),
+            ("Ack Policy", ack_policy_name(c.ack_policy).into()),
             ("Ack Wait", format!("{:.2}s", c.ack_wait_ms as f64 / 1000.0)),
             ("Max Ack Pending", limit(c.max_ack_pending)),
             ("Max Waiting Pulls", thousands(c.max_waiting.max(0) as u64)),
+            ("Max Deliver", limit(c.max_deliver)),
+            ("Backoff", backoff_text(&c.backoff_ms)),
+            (
+                "Redeliver On Disconnect",
+                c.redeliver_on_disconnect.to_string(),
+            ),
         ],
     );
     out += &rows(
@@ -241,6 +271,8 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
             ),
             ("Outstanding Acks", outstanding),
             ("Redelivered Messages", thousands(info.num_redelivered)),
+            ("Terminated Messages", thousands(info.num_terminated)),
+            ("Max Delivered Messages", thousands(info.num_exhausted)),
             ("Unprocessed Messages", thousands(info.num_pending)),
             (
                 "Waiting Pulls",
