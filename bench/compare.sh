@@ -4,6 +4,7 @@
 #   bench/compare.sh              # 3 repetitions of every workload, then failover and disk
 #   REPS=5 bench/compare.sh       # more repetitions (medians are reported)
 #   QUICK=1 bench/compare.sh      # 1 repetition, shorter runs (a smoke test)
+#   SKIP_BUILD=1 bench/compare.sh # use target/release/wharf and the driver as built
 #
 # Starts a three-node nats-server JetStream cluster (Debian's package, 2.9.x)
 # on 127.0.0.1:4222-4224 and a three-node Wharf cluster (three
@@ -38,7 +39,7 @@ WORKLOADS=(
   "pub_sync|--pub 1 --duration $DUR --size 128"
   "pub_async_w256|--pub 1 --window 256 --duration $DUR --size 128"
   "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
-  "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 20000 --size 128"
+  "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128"
   "e2e_rate200|--pub 1 --window 64 --sub 3 --batch 1 --rate 200 --duration $DUR --size 128"
 )
 
@@ -63,6 +64,7 @@ need_nats_server() {
 }
 
 build() {
+  if [ "${SKIP_BUILD:-0}" = 1 ]; then log "SKIP_BUILD=1: using the binaries as they are"; return; fi
   log "building wharf (release) and the NATS driver"
   (cd "$ROOT" && cargo build --release -p wharf 2>&1 | tail -1) >&2
   (cd "$ROOT/bench/nats-driver" && CARGO_TARGET_DIR="$ROOT/target/nats-driver" cargo build --release 2>&1 | tail -1) >&2
@@ -216,4 +218,5 @@ memory wharf
 memory nats
 failover wharf
 failover nats
+find "$OUT/raw" -name "*.err" -empty -delete
 python3 "$ROOT/bench/summarize.py" "$OUT"

@@ -66,6 +66,10 @@ pub struct Summary {
     pub duplicate_deliveries: u64,
     pub redeliveries: u64,
     pub delivered_after_ack: u64,
+    /// Deliveries whose count is not above an earlier delivery's count of
+    /// the same sequence (count 1 twice, or 2 then 1): the consumer's state
+    /// went back, or a stale delivery was sent.
+    pub count_regressions: u64,
     pub delivery_seq_mismatch: u64,
     pub acks_ok: u64,
     pub acks_failed: u64,
@@ -147,6 +151,7 @@ pub fn check(events: &[Event], fin: FinalState, window: (u64, u64), max_stall_s:
     let mut deliver_times = Vec::new();
     let mut delivered_ids: HashMap<&str, u64> = HashMap::new();
     let mut acked_ok_at: HashMap<u64, u64> = HashMap::new();
+    let mut max_count: HashMap<u64, u64> = HashMap::new();
     for e in events {
         match e {
             Event::PublishInvoke { id, .. } => {
@@ -176,6 +181,11 @@ pub fn check(events: &[Event], fin: FinalState, window: (u64, u64), max_stall_s:
                 if *count > 1 {
                     s.redeliveries += 1;
                 }
+                let seen = max_count.entry(*seq).or_default();
+                if *count <= *seen {
+                    s.count_regressions += 1;
+                }
+                *seen = (*seen).max(*count);
                 if acked_ok_at.get(seq).is_some_and(|at| at < t_ms) {
                     s.delivered_after_ack += 1;
                 }

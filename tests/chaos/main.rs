@@ -60,7 +60,10 @@ fn main() -> ExitCode {
     // wharf_bin() looks next to test binaries (target/<profile>/deps/..); a
     // bin lives in target/<profile> itself, next to `wharf`.
     if std::env::var_os("WHARF_BIN").is_none() {
-        if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(PathBuf::from)) {
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(PathBuf::from))
+        {
             std::env::set_var("WHARF_BIN", dir.join("wharf"));
         }
     }

@@ -137,17 +137,26 @@ impl Worker {
                     continue;
                 }
             };
-            for m in batch {
+            // Record the whole batch as received now, then process it: a
+            // delivery's time is when the worker got it, not when it got to it.
+            let t_ms = history.now_ms();
+            let batch: Vec<(String, u64)> = batch
+                .into_iter()
+                .map(|m| {
+                    let id = String::from_utf8_lossy(&m.payload).into_owned();
+                    history.push(Event::Deliver {
+                        t_ms,
+                        worker: self.index,
+                        id: id.clone(),
+                        seq: m.stream_seq,
+                        count: m.delivered,
+                    });
+                    (id, m.stream_seq)
+                })
+                .collect();
+            for (id, seq) in batch {
                 received += 1;
-                let id = String::from_utf8_lossy(&m.payload).into_owned();
-                history.push(Event::Deliver {
-                    t_ms: history.now_ms(),
-                    worker: self.index,
-                    id: id.clone(),
-                    seq: m.stream_seq,
-                    count: m.delivered,
-                });
-                let r = tokio::time::timeout(CALL_TIMEOUT, consumer.ack(m.stream_seq)).await;
+                let r = tokio::time::timeout(CALL_TIMEOUT, consumer.ack(seq)).await;
                 let (ok, error) = match r {
                     Ok(Ok(())) => (true, String::new()),
                     Ok(Err(e)) => (false, e.to_string()),
@@ -160,7 +169,7 @@ impl Worker {
                     t_ms: history.now_ms(),
                     worker: self.index,
                     id,
-                    seq: m.stream_seq,
+                    seq,
                     ok,
                     error,
                 });

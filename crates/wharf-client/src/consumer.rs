@@ -60,6 +60,10 @@ pub struct Consumer {
     next_id: u64,
     /// Messages that arrived while waiting for something else.
     stash: VecDeque<Message>,
+    /// Payload byte limit of each pull (0: none).
+    max_bytes: u64,
+    /// Idle heartbeat asked of each pull (0: none).
+    idle_heartbeat_ms: u64,
 }
 
 impl Consumer {
@@ -71,7 +75,21 @@ impl Consumer {
             session: None,
             next_id: 1,
             stash: VecDeque::new(),
+            max_bytes: 0,
+            idle_heartbeat_ms: 0,
         }
+    }
+
+    /// Limit each pull's batch to this many payload bytes (0: no limit).
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// Ask the server for a heartbeat status this often while a pull waits.
+    pub fn with_idle_heartbeat(mut self, every: Duration) -> Self {
+        self.idle_heartbeat_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
+        self
     }
 
     async fn open(&mut self) -> Result<&mut Session> {
@@ -157,12 +175,15 @@ impl Consumer {
         out: &mut Vec<Message>,
     ) -> Result<()> {
         let id = self.next_id();
+        let (max_bytes, idle_heartbeat_ms) = (self.max_bytes, self.idle_heartbeat_ms);
         let session = self.open().await?;
         let pull = pb::PullRequest {
             id,
             batch,
             expires_ms: wait.as_millis().max(1) as u64,
             no_wait: wait.is_zero(),
+            max_bytes,
+            idle_heartbeat_ms,
         };
         let req = pb::ConsumeRequest {
             kind: Some(pb::consume_request::Kind::Pull(pull)),
@@ -182,11 +203,20 @@ impl Consumer {
                 Ok(Ok(Some(resp))) => match resp.kind {
                     Some(Kind::Message(m)) => out.push(m.into()),
                     Some(Kind::Status(s)) if s.pull_id == id => {
-                        let code = pb::pull_status::Code::try_from(s.code).ok();
-                        if code == Some(pb::pull_status::Code::TooManyWaiting) {
-                            return Err(tonic::Status::resource_exhausted(s.text).into());
+                        use pb::pull_status::Code;
+                        match Code::try_from(s.code).ok() {
+                            Some(Code::Heartbeat) => {}
+                            Some(Code::TooManyWaiting) => {
+                                return Err(tonic::Status::resource_exhausted(s.text).into())
+                            }
+                            Some(Code::LeaderChanged) => {
+                                return Err(tonic::Status::unavailable(s.text).into())
+                            }
+                            Some(Code::ConsumerDeleted) => {
+                                return Err(tonic::Status::not_found(s.text).into())
+                            }
+                            _ => return Ok(()),
                         }
-                        return Ok(());
                     }
                     _ => {}
                 },

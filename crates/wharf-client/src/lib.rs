@@ -9,8 +9,11 @@
 //! session is reopened on the next call; acks are idempotent, so one that may
 //! have been lost is simply sent again.
 //!
-//! Left out: publish deduplication on retry (a publish retried after an
-//! unknown outcome may be stored twice), TLS and credentials.
+//! A publish retried after an unknown outcome may be stored twice unless it
+//! carries a message id (`publish_with_id`): the stream's duplicate window
+//! then stores it once.
+//!
+//! Left out: TLS and credentials.
 
 mod consumer;
 mod error;
@@ -26,6 +29,7 @@ use wharf_proto::v1::wharf_client::WharfClient;
 
 pub use consumer::{Consumer, Message};
 pub use error::{ClientError, Result};
+pub use tonic::Code;
 pub use wharf_proto::v1 as proto;
 
 /// The dev cluster's addresses, the default for every client.
@@ -148,10 +152,89 @@ impl Client {
         self.get_stream(name, true).await
     }
 
+    /// Stream info whose state lists the stored subjects with their message
+    /// counts (at most 10,000; `subjects_truncated` says when there are more).
+    pub async fn stream_info_subjects(&self, name: &str) -> Result<pb::StreamInfo> {
+        let req = pb::GetStreamRequest {
+            name: name.to_string(),
+            local: false,
+            subjects: true,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.get_stream(req).await }
+        })
+        .await
+    }
+
+    /// Change a stream's editable settings (subjects, limits, discard policy,
+    /// duplicate window); returns once the stream applies them.
+    pub async fn update_stream(&self, config: pb::StreamConfig) -> Result<pb::StreamInfo> {
+        let req = pb::AddStreamRequest {
+            config: Some(config),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.update_stream(req).await }
+        })
+        .await
+    }
+
+    /// Remove messages from a stream: those matching `filter` (all with
+    /// `None`), all but the newest `keep`, or those below sequence `seq`
+    /// (0 for no bound). Returns how many were removed.
+    pub async fn purge_stream(
+        &self,
+        stream: &str,
+        filter: Option<&str>,
+        keep: u64,
+        seq: u64,
+    ) -> Result<u64> {
+        let req = pb::PurgeStreamRequest {
+            stream: stream.to_string(),
+            filter: filter.unwrap_or_default().to_string(),
+            keep,
+            seq,
+        };
+        let r = self.call(|mut c| {
+            let req = req.clone();
+            async move { c.purge_stream(req).await }
+        });
+        Ok(r.await?.purged)
+    }
+
+    /// One stored message by sequence.
+    pub async fn get_message(&self, stream: &str, seq: u64) -> Result<pb::StreamMessage> {
+        let req = pb::GetMessageRequest {
+            stream: stream.to_string(),
+            seq,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.get_message(req).await }
+        })
+        .await
+    }
+
+    /// Delete one stored message by sequence.
+    pub async fn delete_message(&self, stream: &str, seq: u64) -> Result<()> {
+        let req = pb::DeleteMessageRequest {
+            stream: stream.to_string(),
+            seq,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.delete_message(req).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
     async fn get_stream(&self, name: &str, local: bool) -> Result<pb::StreamInfo> {
         let req = pb::GetStreamRequest {
             name: name.to_string(),
             local,
+            subjects: false,
         };
         self.call(|mut c| {
             let req = req.clone();
@@ -202,9 +285,32 @@ impl Client {
         subject: &str,
         payload: impl Into<Bytes>,
     ) -> Result<pb::PublishAck> {
+        self.publish_msg(subject, payload, None).await
+    }
+
+    /// Publish with a message id: inside the stream's duplicate window a
+    /// second publish with the same id is stored once and acknowledged with
+    /// the original sequence and `duplicate: true`. Retries after an unknown
+    /// outcome are therefore safe.
+    pub async fn publish_with_id(
+        &self,
+        subject: &str,
+        payload: impl Into<Bytes>,
+        msg_id: &str,
+    ) -> Result<pb::PublishAck> {
+        self.publish_msg(subject, payload, Some(msg_id)).await
+    }
+
+    async fn publish_msg(
+        &self,
+        subject: &str,
+        payload: impl Into<Bytes>,
+        msg_id: Option<&str>,
+    ) -> Result<pb::PublishAck> {
         let req = pb::PublishRequest {
             subject: subject.to_string(),
             payload: payload.into(),
+            msg_id: msg_id.unwrap_or_default().to_string(),
         };
         self.call(|mut c| {
             let req = req.clone();

@@ -10,7 +10,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use wharf_core::{subject_matches, ConsumerConfig, ConsumerState, Dispatcher, StreamConfig, StreamState};
+use wharf_core::{
+    subject_matches, ConsumerConfig, ConsumerState, Dispatcher, StreamConfig, StreamState,
+};
 
 const OUTSTANDING: u64 = 1_000_000;
 const BATCH: u64 = 100;
@@ -132,7 +134,8 @@ fn dispatch(c: &mut Criterion) {
             || {
                 let mut d = Dispatcher::new();
                 for session in 1..=3 {
-                    d.add_pull(session, 1, BATCH as u32, None, 512).expect("pull");
+                    d.add_pull(session, 1, BATCH as u32, None, 512)
+                        .expect("pull");
                 }
                 d
             },
@@ -150,7 +153,9 @@ fn dispatch(c: &mut Criterion) {
         b.iter(|| {
             let mut after = OUTSTANDING;
             for _ in 0..BATCH {
-                after = stream.next_matching(after, Some("orders.*.shipped")).expect("next");
+                after = stream
+                    .next_matching(after, Some("orders.*.shipped"))
+                    .expect("next");
             }
             black_box(after)
         })

@@ -21,14 +21,19 @@
 //! - a message leaves `pending` exactly once: acked, termed, exhausted
 //!   (MaxDeliver reached) or gone from the stream.
 //!
-//! Deliberately left out: push consumers and deliver policies other than
-//! "all".
+//! - a consumer whose deliver policy needs the stream's contents (new, last,
+//!   last per subject, by start sequence or time) delivers nothing until its
+//!   leader has resolved the start against its stream replica and
+//!   [`ConsumerState::apply_start`] recorded it (once).
+//!
+//! Deliberately left out: push consumers.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
+use crate::stream::StreamState;
 use crate::subject::{validate_filter, validate_name};
 
 /// AckWait when the user does not set one: 30 s.
@@ -49,6 +54,29 @@ pub enum AckPolicy {
     /// Nothing is tracked: a delivered message is done.
     None,
 }
+
+/// Where a new consumer starts in its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum DeliverPolicy {
+    /// Every stored message (the default).
+    #[default]
+    All,
+    /// Only messages stored after the consumer starts.
+    New,
+    /// The last matching message, then new ones.
+    Last,
+    /// The last message of each matching subject, then new ones.
+    LastPerSubject,
+    /// From this stream sequence on.
+    ByStartSeq(u64),
+    /// From the first message stored at or after this time (ms since epoch).
+    ByStartTime(i64),
+}
+
+/// Most metadata entries on a consumer, and their sizes.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+const MAX_METADATA_KEY_BYTES: usize = 256;
+const MAX_METADATA_VALUE_BYTES: usize = 4096;
 
 /// A pull consumer's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -73,6 +101,12 @@ pub struct ConsumerConfig {
     /// When a worker's session closes, its unacked messages become available
     /// at once instead of after AckWait (the leader proposes naks for them).
     pub redeliver_on_disconnect: bool,
+    /// Where the consumer starts; fixed at creation.
+    pub deliver_policy: DeliverPolicy,
+    /// No deliveries before this time (ms since epoch); 0: not paused.
+    pub pause_until_ms: i64,
+    /// Free-form labels for operators.
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl ConsumerConfig {
@@ -141,6 +175,29 @@ impl ConsumerConfig {
                 "max_deliver must be greater than the number of backoff delays",
             ));
         }
+        if self.deliver_policy == DeliverPolicy::ByStartSeq(0) {
+            return Err(CoreError::config(
+                "consumer",
+                "a start sequence must be at least 1",
+            ));
+        }
+        if self.metadata.len() > MAX_METADATA_ENTRIES {
+            return Err(CoreError::config(
+                "consumer",
+                format!("at most {MAX_METADATA_ENTRIES} metadata entries"),
+            ));
+        }
+        for (k, v) in &self.metadata {
+            if k.is_empty()
+                || k.len() > MAX_METADATA_KEY_BYTES
+                || v.len() > MAX_METADATA_VALUE_BYTES
+            {
+                return Err(CoreError::config(
+                    "consumer",
+                    format!("metadata keys must be 1 to {MAX_METADATA_KEY_BYTES} bytes and values at most {MAX_METADATA_VALUE_BYTES}"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -166,6 +223,13 @@ impl ConsumerConfig {
                 "consumer",
                 &self.name,
                 "ack policy cannot be changed",
+            ));
+        }
+        if new.deliver_policy != self.deliver_policy {
+            return Err(CoreError::update(
+                "consumer",
+                &self.name,
+                "deliver policy cannot be changed",
             ));
         }
         new.validate()
@@ -205,6 +269,50 @@ pub struct Delivery {
     pub deliveries: u64,
 }
 
+/// Where a consumer with `config` starts in `stream`: the sequence it
+/// continues after, and the sequences at or below it to deliver first.
+/// Called by the leader; the answer is replicated with
+/// [`ConsumerState::apply_start`].
+pub fn start_position(config: &ConsumerConfig, stream: &StreamState) -> (u64, Vec<u64>) {
+    let filter = config.filter_subject.as_deref();
+    let last_seq = stream.stats().last_seq;
+    let matching = || {
+        let mut after = 0;
+        std::iter::from_fn(move || {
+            let seq = stream.next_matching(after, filter)?;
+            after = seq;
+            Some(seq)
+        })
+    };
+    match config.deliver_policy {
+        DeliverPolicy::All => (0, Vec::new()),
+        DeliverPolicy::New => (last_seq, Vec::new()),
+        DeliverPolicy::Last => match matching().last() {
+            Some(seq) => (seq - 1, Vec::new()),
+            None => (last_seq, Vec::new()),
+        },
+        DeliverPolicy::LastPerSubject => {
+            let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+            for seq in matching() {
+                if let Some(meta) = stream.get(seq) {
+                    last.insert(meta.subject.as_str(), seq);
+                }
+            }
+            let mut backlog: Vec<u64> = last.into_values().collect();
+            backlog.sort_unstable();
+            (last_seq, backlog)
+        }
+        DeliverPolicy::ByStartSeq(seq) => (seq.saturating_sub(1), Vec::new()),
+        DeliverPolicy::ByStartTime(t) => {
+            let first = matching().find(|s| stream.get(*s).is_some_and(|m| m.published_ms >= t));
+            match first {
+                Some(seq) => (seq - 1, Vec::new()),
+                None => (last_seq, Vec::new()),
+            }
+        }
+    }
+}
+
 /// Replicated state of one pull consumer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumerState {
@@ -221,6 +329,11 @@ pub struct ConsumerState {
     terminated: u64,
     /// Messages given up on after MaxDeliver deliveries (cumulative).
     exhausted: u64,
+    /// Whether the start position is known (see [`DeliverPolicy`]).
+    started: bool,
+    /// Messages below the position still to be delivered a first time (the
+    /// last-per-subject start).
+    backlog: BTreeSet<u64>,
     /// Latest delivery time recorded; delivery times never go below it.
     last_delivered_ms: i64,
 }
@@ -229,6 +342,7 @@ impl ConsumerState {
     /// A consumer that has delivered nothing. The caller has validated `config`.
     pub fn new(config: ConsumerConfig) -> Self {
         ConsumerState {
+            started: config.deliver_policy == DeliverPolicy::All,
             config,
             delivered: SeqPair::default(),
             pending: BTreeMap::new(),
@@ -237,6 +351,7 @@ impl ConsumerState {
             redelivered: 0,
             terminated: 0,
             exhausted: 0,
+            backlog: BTreeSet::new(),
             last_delivered_ms: i64::MIN,
         }
     }
@@ -302,12 +417,13 @@ impl ConsumerState {
     ) -> Vec<Delivery> {
         for seq in gone {
             self.remove_pending(*seq);
+            self.backlog.remove(seq);
         }
         self.last_delivered_ms = self.last_delivered_ms.max(now_ms);
         let delivered_ms = self.last_delivered_ms;
         let mut out = Vec::with_capacity(stream_seqs.len());
         for &seq in stream_seqs {
-            let deliveries = if seq > self.delivered.stream_seq {
+            let deliveries = if seq > self.delivered.stream_seq || self.backlog.remove(&seq) {
                 1
             } else if let Some(p) = self.pending.get(&seq) {
                 self.by_consumer_seq.remove(&p.consumer_seq);
@@ -319,7 +435,7 @@ impl ConsumerState {
             let consumer_seq = self.delivered.consumer_seq + 1;
             self.delivered.consumer_seq = consumer_seq;
             if deliveries == 1 {
-                self.delivered.stream_seq = seq;
+                self.delivered.stream_seq = self.delivered.stream_seq.max(seq);
             } else if deliveries == 2 {
                 self.redelivered += 1;
             }
@@ -431,6 +547,39 @@ impl ConsumerState {
         }
     }
 
+    /// Whether the leader still has to resolve where the consumer starts.
+    pub fn needs_start(&self) -> bool {
+        !self.started
+    }
+
+    /// Record the resolved start (once; later calls are ignored): deliveries
+    /// continue after `after_seq`, and `backlog` (sequences at or below it)
+    /// is delivered first. Returns whether it took effect.
+    pub fn apply_start(&mut self, after_seq: u64, backlog: Vec<u64>) -> bool {
+        if self.started {
+            return false;
+        }
+        self.started = true;
+        self.delivered.stream_seq = after_seq;
+        self.backlog = backlog.into_iter().filter(|s| *s <= after_seq).collect();
+        true
+    }
+
+    /// Messages below the position waiting for their first delivery, ascending.
+    pub fn backlog_iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.backlog.iter().copied()
+    }
+
+    /// How many messages wait in the backlog.
+    pub fn backlog_len(&self) -> u64 {
+        self.backlog.len() as u64
+    }
+
+    /// Whether deliveries are paused at `now_ms`.
+    pub fn is_paused(&self, now_ms: i64) -> bool {
+        self.config.pause_until_ms > now_ms
+    }
+
     /// Messages termed by workers (cumulative).
     pub fn num_terminated(&self) -> u64 {
         self.terminated
@@ -452,7 +601,7 @@ impl ConsumerState {
     /// seq and one below the lowest pending consumer seq. Never moves
     /// backwards: new deliveries take seqs above every pending one.
     pub fn ack_floor(&self) -> SeqPair {
-        match (
+        let floor = match (
             self.pending.first_key_value(),
             self.by_consumer_seq.first_key_value(),
         ) {
@@ -461,6 +610,13 @@ impl ConsumerState {
                 stream_seq: stream_seq.saturating_sub(1),
             },
             _ => self.delivered,
+        };
+        match self.backlog.first() {
+            Some(&first) if first <= floor.stream_seq => SeqPair {
+                consumer_seq: floor.consumer_seq,
+                stream_seq: first - 1,
+            },
+            _ => floor,
         }
     }
 

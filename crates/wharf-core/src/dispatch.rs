@@ -47,6 +47,8 @@ pub struct WaitingPull {
     pub expires_at_ms: Option<i64>,
     /// Messages planned for it so far.
     pub delivered: u32,
+    /// Payload bytes it may still receive, if the pull set a limit.
+    pub remaining_bytes: Option<u64>,
 }
 
 /// One message planned for one pull.
@@ -180,7 +182,28 @@ impl Dispatcher {
             remaining: batch,
             expires_at_ms,
             delivered: 0,
+            remaining_bytes: None,
         });
+        Ok(())
+    }
+
+    /// [`Self::add_pull`] with a payload byte limit: the pull ends (done)
+    /// when the next message would not fit.
+    pub fn add_pull_with_max_bytes(
+        &mut self,
+        session: SessionId,
+        pull_id: u64,
+        batch: u32,
+        expires_at_ms: Option<i64>,
+        max_waiting: i64,
+        max_bytes: u64,
+    ) -> Result<(), CoreError> {
+        self.add_pull(session, pull_id, batch, expires_at_ms, max_waiting)?;
+        if max_bytes > 0 {
+            if let Some(w) = self.waiting.back_mut() {
+                w.remaining_bytes = Some(max_bytes);
+            }
+        }
         Ok(())
     }
 
@@ -243,6 +266,10 @@ impl Dispatcher {
             finished: self.expire(now_ms),
             ..Plan::default()
         };
+        // Nothing goes out before the start is known or while paused.
+        if consumer.needs_start() || consumer.is_paused(now_ms) {
+            return plan;
+        }
         // Due messages: gone and exhausted ones are settled even when no pull
         // waits; the scan is bounded so a large backlog costs little.
         for seq in consumer.due_iter(now_ms).take(max_batch.saturating_mul(4)) {
@@ -265,16 +292,41 @@ impl Dispatcher {
             if self.waiting.is_empty() {
                 continue;
             }
-            self.assign(&mut plan, seq, true);
+            let size = stream.get(seq).map_or(0, |m| m.size);
+            self.assign(&mut plan, seq, size, true);
+        }
+        let mut room = consumer.ack_pending_room(self.inflight_new);
+        // First deliveries of the backlog (a last-per-subject start), in order.
+        for seq in consumer.backlog_iter() {
+            if room == 0 || self.waiting.is_empty() || plan.assignments.len() >= max_batch {
+                break;
+            }
+            if self.inflight.contains_key(&seq) {
+                continue;
+            }
+            match stream.get(seq) {
+                None => {
+                    plan.gone.push(seq);
+                    self.inflight.insert(seq, false);
+                }
+                Some(meta) => {
+                    if !self.assign(&mut plan, seq, meta.size, false) {
+                        break;
+                    }
+                    room -= 1;
+                }
+            }
         }
         let filter = consumer.config().filter_subject.as_deref();
         let mut after = self.cursor.max(consumer.delivered().stream_seq);
-        let mut room = consumer.ack_pending_room(self.inflight_new);
         while room > 0 && !self.waiting.is_empty() && plan.assignments.len() < max_batch {
             let Some(seq) = stream.next_matching(after, filter) else {
                 break;
             };
-            self.assign(&mut plan, seq, false);
+            let size = stream.get(seq).map_or(0, |m| m.size);
+            if !self.assign(&mut plan, seq, size, false) {
+                break;
+            }
             self.cursor = seq;
             after = seq;
             room -= 1;
@@ -282,11 +334,23 @@ impl Dispatcher {
         plan
     }
 
-    /// Gives `seq` to the pull at the front and rotates the queue.
-    fn assign(&mut self, plan: &mut Plan, seq: u64, redelivery: bool) {
-        let Some(mut pull) = self.waiting.pop_front() else {
-            return;
+    /// Gives `seq` (of `size` bytes) to the pull at the front and rotates
+    /// the queue. Pulls whose byte limit it would exceed end first (done).
+    /// Returns false when no waiting pull can take it.
+    fn assign(&mut self, plan: &mut Plan, seq: u64, size: u64, redelivery: bool) -> bool {
+        let mut pull = loop {
+            let Some(pull) = self.waiting.pop_front() else {
+                return false;
+            };
+            if pull.remaining_bytes.is_some_and(|b| b < size) {
+                plan.finished.push(finished_pull(&pull, PullEnd::Done));
+                continue;
+            }
+            break pull;
         };
+        if let Some(b) = pull.remaining_bytes.as_mut() {
+            *b -= size;
+        }
         plan.assignments.push(Assignment {
             stream_seq: seq,
             session: pull.session,
@@ -299,11 +363,12 @@ impl Dispatcher {
         }
         pull.remaining = pull.remaining.saturating_sub(1);
         pull.delivered = pull.delivered.saturating_add(1);
-        if pull.remaining > 0 {
+        if pull.remaining > 0 && pull.remaining_bytes != Some(0) {
             self.waiting.push_back(pull);
         } else {
             plan.finished.push(finished_pull(&pull, PullEnd::Done));
         }
+        true
     }
 
     /// The Deliver command for these seqs was applied (or failed): they are

@@ -85,6 +85,30 @@ pub enum CoreError {
         max_bytes: u64,
     },
 
+    /// A publish would go over a limit of a `discard: new` stream.
+    #[error(
+        "maximum {limit} exceeded: stream {stream:?} refuses new messages (discard policy new)"
+    )]
+    StreamFull {
+        /// The stream.
+        stream: String,
+        /// Which limit: "messages", "bytes" or "messages per subject".
+        limit: String,
+    },
+
+    /// No stored message has the asked-for sequence.
+    #[error("no message with sequence {seq} in stream {stream:?}")]
+    NoMessage {
+        /// The stream.
+        stream: String,
+        /// The sequence asked for.
+        seq: u64,
+    },
+
+    /// A request's arguments do not go together (e.g. purge with keep and seq).
+    #[error("{0}")]
+    InvalidRequest(String),
+
     /// A pull request asked for zero messages.
     #[error("pull batch must be at least 1")]
     InvalidBatch,

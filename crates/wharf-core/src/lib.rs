@@ -12,15 +12,20 @@
 //! anything about time-keeping; the server crate provides those.
 
 pub mod consumer;
+pub mod dedup;
 pub mod dispatch;
 pub mod error;
 pub mod stream;
+mod stream_config;
 pub mod subject;
 
-pub use consumer::{AckPolicy, ConsumerConfig, ConsumerState, Delivery, Pending, SeqPair};
+pub use consumer::{
+    start_position, AckPolicy, ConsumerConfig, ConsumerState, DeliverPolicy, Delivery, Pending,
+    SeqPair,
+};
 pub use dispatch::{Assignment, Dispatcher, FinishedPull, Plan, PullEnd, SessionId, WaitingPull};
 pub use error::CoreError;
-pub use stream::{Appended, MsgMeta, StreamConfig, StreamState, StreamStats};
+pub use stream::{Appended, DiscardPolicy, MsgMeta, Purge, StreamConfig, StreamState, StreamStats};
 pub use subject::{
     filters_overlap, subject_matches, validate_filter, validate_name, validate_subject,
 };

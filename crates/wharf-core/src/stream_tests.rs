@@ -121,28 +121,32 @@ fn sequences_start_at_one_and_are_never_reused() {
             messages: 0,
             bytes: 0,
             first_seq: 1,
-            last_seq: 0
+            last_seq: 0,
+            num_subjects: 0
         }
     );
     assert_eq!(
         s.append("a", 5, 0).unwrap(),
         Appended {
             seq: 1,
-            removed: vec![]
+            removed: vec![],
+            duplicate: false
         }
     );
     assert_eq!(
         s.append("a", 5, 0).unwrap(),
         Appended {
             seq: 2,
-            removed: vec![1]
+            removed: vec![1],
+            duplicate: false
         }
     );
     assert_eq!(
         s.append("a", 5, 0).unwrap(),
         Appended {
             seq: 3,
-            removed: vec![2]
+            removed: vec![2],
+            duplicate: false
         }
     );
     assert_eq!(
@@ -151,7 +155,8 @@ fn sequences_start_at_one_and_are_never_reused() {
             messages: 1,
             bytes: 5,
             first_seq: 3,
-            last_seq: 3
+            last_seq: 3,
+            num_subjects: 1
         }
     );
     assert!(s.get(2).is_none());
@@ -201,7 +206,8 @@ fn max_bytes_discards_old() {
             messages: 1,
             bytes: 20,
             first_seq: 4,
-            last_seq: 4
+            last_seq: 4,
+            num_subjects: 1
         }
     );
     assert_eq!(
@@ -215,6 +221,7 @@ fn max_bytes_discards_old() {
 fn max_age_expires() {
     let mut s = stream(StreamConfig {
         max_age_ms: 1000,
+        duplicate_window_ms: 1000,
         ..config(&["a"])
     });
     s.append("a", 1, 0).unwrap();
@@ -226,7 +233,8 @@ fn max_age_expires() {
         s.append("a", 1, 1600).unwrap(),
         Appended {
             seq: 3,
-            removed: vec![2]
+            removed: vec![2],
+            duplicate: false
         }
     );
     assert_eq!(s.expire(i64::MAX), vec![3]);
@@ -236,7 +244,8 @@ fn max_age_expires() {
             messages: 0,
             bytes: 0,
             first_seq: 4,
-            last_seq: 3
+            last_seq: 3,
+            num_subjects: 0
         }
     );
 }
@@ -245,6 +254,7 @@ fn max_age_expires() {
 fn publish_time_never_goes_backwards() {
     let mut s = stream(StreamConfig {
         max_age_ms: 100,
+        duplicate_window_ms: 100,
         ..config(&["a"])
     });
     s.append("a", 1, 1000).unwrap();

@@ -11,11 +11,14 @@
 //! the Raft command would, and settles. Time is a script clock set by any
 //! `now=T` argument (default 0). Commands:
 //!
-//! - `stream subjects=a,b [name= replicas= max_msgs= max_bytes= max_age_ms= max_msg_size=]`
+//! - `stream subjects=a,b [name= replicas= max_msgs= max_bytes= max_age_ms= max_msg_size=
+//!   max_msgs_per_subject= discard=old|new duplicate_window_ms=]`
 //! - `update_stream [same keys]` (starts from the current config)
 //! - `consumer [name= filter= ack_wait_ms= max_ack_pending= max_waiting=]`
 //! - `update_consumer [same keys]`
-//! - `publish <subject> [size=N] [count=N] [now=T]`
+//! - `publish <subject> [size=N] [count=N] [id=MSG_ID] [now=T]`
+//! - `purge [subject=F] [keep=N] [seq=N]`, `delete <seq>`, `subjects [filter=F]`,
+//!   `stats` (the stream's counters, no consumer needed)
 //! - `pull session=S id=P batch=N [expires=T]`, `close session=S`
 //! - `dispatch [now=T] [max=N]`
 //! - `plan [now=T] [max=N]`, `commit [now=T]`, `fail` (split dispatch: plan
@@ -29,9 +32,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use wharf_core::{
-    AckPolicy, ConsumerConfig, ConsumerState, Dispatcher, FinishedPull, Plan, PullEnd,
-    StreamConfig, StreamState,
+    start_position, AckPolicy, ConsumerConfig, ConsumerState, DeliverPolicy, Dispatcher,
+    FinishedPull, Plan, PullEnd, StreamConfig, StreamState,
 };
+use wharf_core::{DiscardPolicy, Purge};
 
 type Out = Result<Vec<String>, String>;
 
@@ -101,19 +105,36 @@ impl Harness {
             "consumer" => self.consumer_cmd(&mut args, false),
             "update_consumer" => self.consumer_cmd(&mut args, true),
             "publish" => self.publish(&mut args),
+            "purge" | "delete" | "subjects" | "stats" => self.stream_admin(cmd, &mut args),
             "pull" => {
                 let session = args.need("session")?;
                 let id = args.need("id")?;
                 let batch = args.need("batch")?;
                 let expires = args.take("expires")?;
+                let max_bytes = args.take("max_bytes")?.unwrap_or(0);
                 let max_waiting = self.consumer()?.config().max_waiting;
-                match self
-                    .dispatcher
-                    .add_pull(session, id, batch, expires, max_waiting)
-                {
+                match self.dispatcher.add_pull_with_max_bytes(
+                    session,
+                    id,
+                    batch,
+                    expires,
+                    max_waiting,
+                    max_bytes,
+                ) {
                     Ok(()) => Ok(vec![]),
                     Err(e) => Ok(vec![format!("error: {e}")]),
                 }
+            }
+            "start" => {
+                let (Some(c), Some(st)) = (&self.consumer, &self.stream) else {
+                    return Err("start needs a stream and a consumer".into());
+                };
+                let (after, backlog) = start_position(c.config(), st);
+                let took = self.consumer_mut()?.apply_start(after, backlog.clone());
+                Ok(vec![format!(
+                    "start after={after} backlog={} took={took}",
+                    join(&backlog)
+                )])
             }
             "close" => {
                 let n = self.dispatcher.remove_session(args.need("session")?);
@@ -227,6 +248,17 @@ impl Harness {
         cfg.max_bytes = args.take("max_bytes")?.unwrap_or(cfg.max_bytes);
         cfg.max_age_ms = args.take("max_age_ms")?.unwrap_or(cfg.max_age_ms);
         cfg.max_msg_size = args.take("max_msg_size")?.unwrap_or(cfg.max_msg_size);
+        cfg.max_msgs_per_subject =
+            (args.take("max_msgs_per_subject")?).unwrap_or(cfg.max_msgs_per_subject);
+        cfg.duplicate_window_ms =
+            (args.take("duplicate_window_ms")?).unwrap_or(cfg.duplicate_window_ms);
+        if let Some(discard) = args.take::<String>("discard")? {
+            cfg.discard = match discard.as_str() {
+                "old" => DiscardPolicy::Old,
+                "new" => DiscardPolicy::New,
+                other => return Err(format!("bad discard {other:?}")),
+            };
+        }
         let cfg = cfg.with_defaults();
         if let Some(s) = self.stream.as_mut().filter(|_| update) {
             return Ok(match s.update_config(cfg, self.now_ms) {
@@ -267,6 +299,22 @@ impl Harness {
                 .map(|v| v.parse().map_err(|_| format!("bad backoff {v:?}")))
                 .collect::<Result<_, _>>()?;
         }
+        if let Some(policy) = args.take::<String>("deliver")? {
+            cfg.deliver_policy = match policy.split_once(':') {
+                None if policy == "all" => DeliverPolicy::All,
+                None if policy == "new" => DeliverPolicy::New,
+                None if policy == "last" => DeliverPolicy::Last,
+                None if policy == "last_per_subject" => DeliverPolicy::LastPerSubject,
+                Some(("start_seq", n)) => {
+                    DeliverPolicy::ByStartSeq(n.parse().map_err(|_| "bad seq")?)
+                }
+                Some(("start_time", t)) => {
+                    DeliverPolicy::ByStartTime(t.parse().map_err(|_| "bad time")?)
+                }
+                _ => return Err(format!("bad deliver policy {policy:?}")),
+            };
+        }
+        cfg.pause_until_ms = args.take("pause_until")?.unwrap_or(cfg.pause_until_ms);
         if let Some(policy) = args.take::<String>("ack_policy")? {
             cfg.ack_policy = match policy.as_str() {
                 "explicit" => AckPolicy::Explicit,
@@ -297,17 +345,67 @@ impl Harness {
             .ok_or("publish needs a subject")?;
         let size = args.take("size")?.unwrap_or(10);
         let count = args.take("count")?.unwrap_or(1);
+        let id: Option<String> = args.take("id")?;
         let now = self.now_ms;
         let stream = self.stream_mut()?;
         let mut out = Vec::new();
         for _ in 0..count {
-            out.push(match stream.append(&subject, size, now) {
-                Ok(a) if a.removed.is_empty() => format!("seq={}", a.seq),
-                Ok(a) => format!("seq={} removed={}", a.seq, join(&a.removed)),
-                Err(e) => format!("error: {e}"),
-            });
+            out.push(
+                match stream.append_msg(&subject, size, id.as_deref(), now) {
+                    Ok(a) if a.duplicate => format!("seq={} duplicate", a.seq),
+                    Ok(a) if a.removed.is_empty() => format!("seq={}", a.seq),
+                    Ok(a) => format!("seq={} removed={}", a.seq, join(&a.removed)),
+                    Err(e) => format!("error: {e}"),
+                },
+            );
         }
         Ok(out)
+    }
+
+    /// Stream-only commands: purge, delete, subjects, stats.
+    fn stream_admin(&mut self, cmd: &str, args: &mut Args) -> Out {
+        let stream = self.stream_mut()?;
+        Ok(match cmd {
+            "purge" => {
+                let purge = Purge {
+                    filter: args.take("subject")?,
+                    keep: args.take("keep")?,
+                    below_seq: args.take("seq")?,
+                };
+                match stream.purge(&purge) {
+                    Ok(removed) if removed.is_empty() => vec!["purged 0".to_string()],
+                    Ok(removed) => vec![format!("purged {}: {}", removed.len(), join(&removed))],
+                    Err(e) => vec![format!("error: {e}")],
+                }
+            }
+            "delete" => {
+                let seq = one_seq(args)?;
+                vec![match stream.delete(seq) {
+                    Ok(()) => format!("deleted {seq}"),
+                    Err(e) => format!("error: {e}"),
+                }]
+            }
+            "subjects" => {
+                let filter: Option<String> = args.take("filter")?;
+                let counts = stream.subject_counts(filter.as_deref(), usize::MAX);
+                let lines = counts
+                    .iter()
+                    .map(|(s, n)| format!("subject={s} messages={n}"));
+                nothing_if_empty(lines.collect())
+            }
+            _ => {
+                let st = stream.stats();
+                vec![format!(
+                    "stream: messages={} bytes={} first_seq={} last_seq={} num_subjects={} msg_ids={}",
+                    st.messages,
+                    st.bytes,
+                    st.first_seq,
+                    st.last_seq,
+                    st.num_subjects,
+                    stream.num_msg_ids()
+                )]
+            }
+        })
     }
 
     fn plan(&mut self, max: usize) -> Result<Plan, String> {
@@ -382,7 +480,7 @@ impl Harness {
             "num_ack_pending={} num_redelivered={} num_pending={} num_waiting={}",
             c.num_ack_pending(),
             c.num_redelivered(),
-            num_pending,
+            num_pending + c.backlog_len(),
             self.dispatcher.num_waiting()
         ));
         if c.num_terminated() + c.num_exhausted() > 0 {

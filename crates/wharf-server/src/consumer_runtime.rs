@@ -29,7 +29,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
-use wharf_core::consumer::ConsumerConfig;
+use wharf_core::consumer::{start_position, ConsumerConfig};
 use wharf_core::dispatch::{Assignment, Dispatcher, PullEnd, SessionId};
 use wharf_proto::v1 as pb;
 use wharf_raft::{Group, RaftError, Role};
@@ -45,6 +45,8 @@ pub const MAX_PULL_BATCH: u32 = 10_000;
 const MAX_DELIVER_BATCH: usize = 512;
 /// Deliver entries in flight at once.
 const MAX_DELIVER_INFLIGHT: usize = 2;
+/// Shortest idle heartbeat interval a pull may ask for.
+const MIN_HEARTBEAT_MS: u64 = 100;
 /// Unacked messages remembered per session for redeliver-on-disconnect.
 const MAX_TRACKED_SENT: usize = 1_000_000;
 /// Acks batched into one Ack entry.
@@ -69,6 +71,8 @@ pub enum Event {
     Close {
         session: SessionId,
     },
+    /// The consumer was deleted: waiting pulls end with CONSUMER_DELETED.
+    Deleted,
 }
 
 /// Handle to a consumer's runtime task.
@@ -149,6 +153,8 @@ struct Runner {
     /// Final statuses held back until the pull's messages are out.
     pull_end: HashMap<PullKey, (pb::pull_status::Code, u32)>,
     acks: Vec<PendingAck>,
+    /// Idle heartbeats of waiting pulls: (interval, next due time).
+    heartbeats: HashMap<PullKey, (i64, i64)>,
     /// Which session each unacked message was last sent to, for
     /// redeliver-on-disconnect (bounded by MAX_TRACKED_SENT).
     sent: HashMap<u64, SessionId>,
@@ -171,6 +177,7 @@ impl Runner {
             pull_end: HashMap::new(),
             acks: Vec::new(),
             sent: HashMap::new(),
+            heartbeats: HashMap::new(),
             deliver_inflight: 0,
             ack_inflight: false,
             config_inflight: false,
@@ -187,18 +194,23 @@ impl Runner {
             let is_leader = status.borrow_and_update().role == Role::Leader;
             if is_leader != self.leader {
                 self.leader = is_leader;
-                self.reset("leadership changed");
+                self.reset("leadership changed", pb::pull_status::Code::LeaderChanged);
             }
             if self.leader {
                 self.sync_config();
                 self.dispatch();
                 self.flush_acks();
             }
+            self.send_heartbeats();
             self.num_waiting
                 .store(self.dispatcher.num_waiting() as u64, Ordering::Relaxed);
             let wake = self.next_wake();
             tokio::select! {
                 ev = rx.recv() => match ev {
+                    Some(Event::Deleted) => {
+                        self.reset("consumer deleted", pb::pull_status::Code::ConsumerDeleted);
+                        return;
+                    }
                     Some(ev) => self.on_event(ev),
                     None => break,
                 },
@@ -210,17 +222,32 @@ impl Runner {
                 _ = tokio::time::sleep(wake) => self.expire_pulls(),
             }
         }
-        self.reset("consumer stopped");
+        self.reset("consumer stopped", pb::pull_status::Code::LeaderChanged);
     }
 
     /// Drop all sessions and leader memory; clients reconnect and re-pull.
-    fn reset(&mut self, why: &str) {
-        for (_, out) in self.sessions.drain() {
-            let _ = out.try_send(Err(Status::unavailable(format!(
-                "consumer {}/{}: {why}; reconnect",
-                self.ctx.stream, self.ctx.name
-            ))));
+    fn reset(&mut self, why: &str, code: pb::pull_status::Code) {
+        // Tell every waiting pull why it ends, then close its session: on a
+        // leader change the worker reconnects through any node; a deleted
+        // consumer is gone for good.
+        let waiting: Vec<(SessionId, u64, u32)> = self
+            .dispatcher
+            .waiting()
+            .map(|w| (w.session, w.pull_id, w.delivered))
+            .collect();
+        for (session, pull_id, delivered) in waiting {
+            self.send_status(session, pull_id, code, delivered, why.to_string());
         }
+        let text = format!("consumer {}/{}: {why}", self.ctx.stream, self.ctx.name);
+        for (_, out) in self.sessions.drain() {
+            let status = if code == pb::pull_status::Code::ConsumerDeleted {
+                Status::not_found(text.clone())
+            } else {
+                Status::unavailable(format!("{text}; reconnect"))
+            };
+            let _ = out.try_send(Err(status));
+        }
+        self.heartbeats.clear();
         // Waiting pulls belong to the sessions just closed.
         self.dispatcher = Dispatcher::new();
         self.no_wait.clear();
@@ -233,6 +260,9 @@ impl Runner {
     fn next_wake(&self) -> Duration {
         let now = now_ms();
         let mut at = self.dispatcher.next_expiry_ms();
+        if let Some(hb) = self.heartbeats.values().map(|(_, next)| *next).min() {
+            at = Some(at.map_or(hb, |a| a.min(hb)));
+        }
         if self.leader && self.dispatcher.num_waiting() > 0 {
             let redeliver = self
                 .ctx
@@ -283,6 +313,8 @@ impl Runner {
                     self.reply_ack(ack.session, ack.reply_id, "ack not accepted: retry".into());
                 }
             }
+            // Handled in the run loop, which ends the runtime.
+            Event::Deleted => {}
             Event::Close { session } => {
                 self.redeliver_sent_to(session);
                 self.sessions.remove(&session);
@@ -350,13 +382,24 @@ impl Runner {
             .lock()
             .map(|c| c.state().config().max_waiting);
         let max_waiting = max_waiting.unwrap_or(wharf_core::consumer::DEFAULT_MAX_WAITING);
-        match self
-            .dispatcher
-            .add_pull(session, pull.id, pull.batch, expires, max_waiting)
-        {
+        let added = self.dispatcher.add_pull_with_max_bytes(
+            session,
+            pull.id,
+            pull.batch,
+            expires,
+            max_waiting,
+            pull.max_bytes,
+        );
+        match added {
             Ok(()) => {
                 if pull.no_wait {
                     self.no_wait.insert((session, pull.id));
+                }
+                if pull.idle_heartbeat_ms > 0 {
+                    let every = pull.idle_heartbeat_ms.max(MIN_HEARTBEAT_MS);
+                    let every = i64::try_from(every).unwrap_or(i64::MAX);
+                    self.heartbeats
+                        .insert((session, pull.id), (every, now.saturating_add(every)));
                 }
             }
             Err(e) => self.send_status(
@@ -423,6 +466,33 @@ impl Runner {
         }
     }
 
+    /// A HEARTBEAT status to every waiting pull whose interval has passed.
+    fn send_heartbeats(&mut self) {
+        if self.heartbeats.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let waiting: HashSet<PullKey> = self
+            .dispatcher
+            .waiting()
+            .map(|w| (w.session, w.pull_id))
+            .collect();
+        self.heartbeats.retain(|key, _| waiting.contains(key));
+        let due: Vec<PullKey> = self
+            .heartbeats
+            .iter()
+            .filter(|(_, (_, next))| *next <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            if let Some((every, next)) = self.heartbeats.get_mut(&key) {
+                *next = now.saturating_add(*every);
+            }
+            let code = pb::pull_status::Code::Heartbeat;
+            self.send_status(key.0, key.1, code, 0, "idle heartbeat".into());
+        }
+    }
+
     fn expire_pulls(&mut self) {
         for f in self.dispatcher.expire(now_ms()) {
             let key = (f.session, f.pull_id);
@@ -439,12 +509,18 @@ impl Runner {
         if self.config_inflight {
             return;
         }
-        let desired = self.ctx.desired_config.borrow().clone();
-        let current = self.ctx.consumer.lock().map(|c| c.state().config().clone());
-        if current.ok().as_ref() == Some(&desired) {
-            return;
-        }
-        let Ok(cmd) = bincode::serialize(&ConsumerCommand::UpdateConfig { config: desired }) else {
+        let cmd = match self.start_command() {
+            Some(start) => start,
+            None => {
+                let desired = self.ctx.desired_config.borrow().clone();
+                let current = self.ctx.consumer.lock().map(|c| c.state().config().clone());
+                if current.ok().as_ref() == Some(&desired) {
+                    return;
+                }
+                ConsumerCommand::UpdateConfig { config: desired }
+            }
+        };
+        let Ok(cmd) = bincode::serialize(&cmd) else {
             return;
         };
         self.config_inflight = true;
@@ -457,6 +533,18 @@ impl Runner {
             }
             .boxed(),
         );
+    }
+
+    /// A consumer whose deliver policy depends on the stream's contents
+    /// starts where the leader's stream replica says, once.
+    fn start_command(&self) -> Option<ConsumerCommand> {
+        let consumer = self.ctx.consumer.lock().ok()?;
+        if !consumer.state().needs_start() {
+            return None;
+        }
+        let stream = self.ctx.stream_sm.lock().ok()?;
+        let (after_seq, backlog) = start_position(consumer.state().config(), stream.state());
+        Some(ConsumerCommand::Start { after_seq, backlog })
     }
 
     /// A message that reached MaxDeliver is due: it must be given up on even
@@ -571,7 +659,10 @@ impl Runner {
                     Ok(Err(e)) => tracing::error!("undecodable deliver response: {e}"),
                     Err(e) => {
                         tracing::warn!(consumer = %self.ctx.name, "deliver not committed: {e}");
-                        self.reset("delivery could not be committed");
+                        self.reset(
+                            "delivery could not be committed",
+                            pb::pull_status::Code::LeaderChanged,
+                        );
                     }
                 }
             }

@@ -35,6 +35,11 @@ pub enum ConsumerCommand {
     UpdateConfig {
         config: ConsumerConfig,
     },
+    /// Where the consumer starts, resolved by the leader from its stream replica.
+    Start {
+        after_seq: u64,
+        backlog: Vec<u64>,
+    },
 }
 
 /// What a worker said about a delivered message.
@@ -122,6 +127,10 @@ impl ConsumerMachine {
                     settled += usize::from(hit);
                 }
                 ConsumerResponse::Acked(settled)
+            }
+            ConsumerCommand::Start { after_seq, backlog } => {
+                self.state.apply_start(after_seq, backlog);
+                ConsumerResponse::Updated
             }
             ConsumerCommand::UpdateConfig { config } => match self.state.update_config(config) {
                 Ok(()) => ConsumerResponse::Updated,

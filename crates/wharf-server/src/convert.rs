@@ -3,8 +3,8 @@
 //! Wire defaults (0 = "the default") are resolved here by `with_defaults`, so
 //! everything past this module sees complete configurations.
 
-use wharf_core::consumer::{AckPolicy, ConsumerConfig};
-use wharf_core::stream::StreamConfig;
+use wharf_core::consumer::{AckPolicy, ConsumerConfig, DeliverPolicy};
+use wharf_core::stream::{DiscardPolicy, StreamConfig};
 use wharf_proto::v1 as pb;
 
 use crate::error::{Result, ServerError};
@@ -21,6 +21,18 @@ pub fn stream_config_from_pb(c: Option<pb::StreamConfig>) -> Result<StreamConfig
         max_bytes: c.max_bytes,
         max_age_ms: c.max_age_ms,
         max_msg_size: c.max_msg_size,
+        max_msgs_per_subject: c.max_msgs_per_subject,
+        discard: match pb::DiscardPolicy::try_from(c.discard) {
+            Ok(pb::DiscardPolicy::DiscardOld) => DiscardPolicy::Old,
+            Ok(pb::DiscardPolicy::DiscardNew) => DiscardPolicy::New,
+            Err(_) => {
+                return Err(ServerError::Invalid(format!(
+                    "unknown discard policy {}",
+                    c.discard
+                )))
+            }
+        },
+        duplicate_window_ms: c.duplicate_window_ms,
     }
     .with_defaults();
     config.validate()?;
@@ -36,6 +48,12 @@ pub fn stream_config_to_pb(c: &StreamConfig) -> pb::StreamConfig {
         max_bytes: c.max_bytes,
         max_age_ms: c.max_age_ms,
         max_msg_size: c.max_msg_size,
+        max_msgs_per_subject: c.max_msgs_per_subject,
+        discard: match c.discard {
+            DiscardPolicy::Old => pb::DiscardPolicy::DiscardOld,
+            DiscardPolicy::New => pb::DiscardPolicy::DiscardNew,
+        } as i32,
+        duplicate_window_ms: c.duplicate_window_ms,
     }
 }
 
@@ -57,6 +75,22 @@ pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<Consumer
             )))
         }
     };
+    let deliver_policy = match pb::DeliverPolicy::try_from(c.deliver_policy) {
+        Ok(pb::DeliverPolicy::DeliverAll) => DeliverPolicy::All,
+        Ok(pb::DeliverPolicy::DeliverNew) => DeliverPolicy::New,
+        Ok(pb::DeliverPolicy::DeliverLast) => DeliverPolicy::Last,
+        Ok(pb::DeliverPolicy::DeliverLastPerSubject) => DeliverPolicy::LastPerSubject,
+        Ok(pb::DeliverPolicy::DeliverByStartSequence) => DeliverPolicy::ByStartSeq(c.opt_start_seq),
+        Ok(pb::DeliverPolicy::DeliverByStartTime) => {
+            DeliverPolicy::ByStartTime(c.opt_start_time_ms)
+        }
+        Err(_) => {
+            return Err(ServerError::Invalid(format!(
+                "unknown deliver policy {}",
+                c.deliver_policy
+            )))
+        }
+    };
     let config = ConsumerConfig {
         name: c.name,
         filter_subject: filter,
@@ -67,6 +101,9 @@ pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<Consumer
         max_deliver: c.max_deliver,
         backoff_ms: c.backoff_ms,
         redeliver_on_disconnect: c.redeliver_on_disconnect,
+        deliver_policy,
+        pause_until_ms: c.pause_until_ms.max(0),
+        metadata: c.metadata.into_iter().collect(),
     }
     .with_defaults();
     config.validate()?;
@@ -88,5 +125,23 @@ pub fn consumer_config_to_pb(c: &ConsumerConfig) -> pb::ConsumerConfig {
         max_deliver: c.max_deliver,
         backoff_ms: c.backoff_ms.clone(),
         redeliver_on_disconnect: c.redeliver_on_disconnect,
+        deliver_policy: match c.deliver_policy {
+            DeliverPolicy::All => pb::DeliverPolicy::DeliverAll,
+            DeliverPolicy::New => pb::DeliverPolicy::DeliverNew,
+            DeliverPolicy::Last => pb::DeliverPolicy::DeliverLast,
+            DeliverPolicy::LastPerSubject => pb::DeliverPolicy::DeliverLastPerSubject,
+            DeliverPolicy::ByStartSeq(_) => pb::DeliverPolicy::DeliverByStartSequence,
+            DeliverPolicy::ByStartTime(_) => pb::DeliverPolicy::DeliverByStartTime,
+        } as i32,
+        opt_start_seq: match c.deliver_policy {
+            DeliverPolicy::ByStartSeq(s) => s,
+            _ => 0,
+        },
+        opt_start_time_ms: match c.deliver_policy {
+            DeliverPolicy::ByStartTime(t) => t,
+            _ => 0,
+        },
+        pause_until_ms: c.pause_until_ms,
+        metadata: c.metadata.clone().into_iter().collect(),
     }
 }

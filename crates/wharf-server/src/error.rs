@@ -39,6 +39,8 @@ impl From<wharf_core::CoreError> for ServerError {
     fn from(e: wharf_core::CoreError) -> Self {
         match e {
             wharf_core::CoreError::TooManyWaiting { .. } => ServerError::Exhausted(e.to_string()),
+            wharf_core::CoreError::StreamFull { .. } => ServerError::Exhausted(e.to_string()),
+            wharf_core::CoreError::NoMessage { .. } => ServerError::NotFound(e.to_string()),
             _ => ServerError::Invalid(e.to_string()),
         }
     }

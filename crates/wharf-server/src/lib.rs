@@ -2,8 +2,9 @@
 //!
 //! - `node`: startup, the local group registry, the reconciler that follows the catalog.
 //! - `meta`, `stream_sm`, `consumer_sm`: the three kinds of replicated state machine.
-//! - `stream_writer`, `consumer_runtime`: what a group's leader runs (publish
-//!   batching; sessions, dispatch and acks).
+//! - `stream_writer`, `stream_runtime`, `consumer_runtime`: what a group's
+//!   leader runs (publish batching; config and expiry; sessions, dispatch and acks).
+//! - `stream_admin`: stream edit, purge, get and delete of one message.
 //! - `service`, `routing`, `forward`, `status`: the gRPC front end, and forwarding
 //!   to whichever node leads the group a call needs.
 //! - `error`: the crate's one error enum and its one conversion to gRPC status.
@@ -19,6 +20,8 @@ mod node;
 mod routing;
 mod service;
 mod status;
+mod stream_admin;
+mod stream_runtime;
 mod stream_sm;
 mod stream_writer;
 mod util;

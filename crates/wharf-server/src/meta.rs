@@ -33,7 +33,11 @@ pub const META_GROUP: GroupId = 0;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct StreamEntry {
+    /// The current config; the stream group follows it (`stream_runtime`).
     pub config: StreamConfig,
+    /// The config the stream was created with: the stream group's state
+    /// machine starts from it, so replaying its log gives the same state.
+    pub created_config: StreamConfig,
     pub group_id: GroupId,
     pub replicas: Vec<NodeId>,
     pub created_ms: i64,
@@ -78,6 +82,10 @@ pub enum MetaCommand {
     DeleteConsumer {
         stream: String,
         name: String,
+    },
+    /// Replace a stream's editable settings; its group's leader follows.
+    UpdateStream {
+        config: StreamConfig,
     },
 }
 
@@ -165,7 +173,35 @@ impl Catalog {
                 self.consumers.remove(&(stream, name));
                 Ok(gid)
             }
+            MetaCommand::UpdateStream { config } => self.update_stream(config),
         }
+    }
+
+    /// The subjects of `config` may not overlap any other stream's.
+    fn check_no_overlap(&self, config: &StreamConfig) -> Result<()> {
+        for other in self.streams.values() {
+            if other.config.name == config.name {
+                continue;
+            }
+            for a in &config.subjects {
+                if let Some(b) = other.config.subjects.iter().find(|b| filters_overlap(a, b)) {
+                    return Err(ServerError::Conflict(format!(
+                        "subjects overlap with stream {:?} ({a:?} and {b:?})",
+                        other.config.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn update_stream(&mut self, config: StreamConfig) -> MetaResponse {
+        let entry = self.stream(&config.name)?;
+        entry.config.check_update(&config)?;
+        self.check_no_overlap(&config)?;
+        let entry = self.streams.get_mut(&config.name).expect("checked above");
+        entry.config = config;
+        Ok(entry.group_id)
     }
 
     fn add_stream(&mut self, config: StreamConfig, now_ms: i64) -> MetaResponse {
@@ -179,16 +215,7 @@ impl Catalog {
                 config.name
             )));
         }
-        for other in self.streams.values() {
-            for a in &config.subjects {
-                if let Some(b) = other.config.subjects.iter().find(|b| filters_overlap(a, b)) {
-                    return Err(ServerError::Conflict(format!(
-                        "subjects overlap with stream {:?} ({a:?} and {b:?})",
-                        other.config.name
-                    )));
-                }
-            }
-        }
+        self.check_no_overlap(&config)?;
         let replicas = self.place(config.replicas as usize)?;
         let group_id = self.next_group_id;
         self.next_group_id += 1;
@@ -196,6 +223,7 @@ impl Catalog {
         self.streams.insert(
             name,
             StreamEntry {
+                created_config: config.clone(),
                 config,
                 group_id,
                 replicas,

@@ -61,6 +61,8 @@ pub(crate) struct LocalStream {
     pub tree: sled::Tree,
     pub last_seq: watch::Receiver<u64>,
     pub writer: StreamWriter,
+    /// The catalog's config, which the group's leader makes it apply.
+    pub desired: watch::Sender<wharf_core::stream::StreamConfig>,
 }
 
 pub(crate) struct LocalConsumer {
@@ -69,6 +71,8 @@ pub(crate) struct LocalConsumer {
     pub sm: Arc<Mutex<ConsumerMachine>>,
     pub runtime: ConsumerRuntime,
     pub desired: watch::Sender<ConsumerConfig>,
+    /// Bumped on every apply of the consumer's state machine.
+    pub changes: watch::Receiver<u64>,
 }
 
 #[derive(Default)]
@@ -284,7 +288,17 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         (streams, consumers)
     };
     for (key, gid) in stale_consumers {
-        node.local.lock().map(|mut l| l.consumers.remove(&key)).ok();
+        let removed = node
+            .local
+            .lock()
+            .ok()
+            .and_then(|mut l| l.consumers.remove(&key));
+        if let Some(consumer) = removed {
+            let _ = consumer
+                .runtime
+                .send(crate::consumer_runtime::Event::Deleted)
+                .await;
+        }
         node.raft.stop_group(gid, true).await?;
         tracing::info!(stream = %key.0, consumer = %key.1, "consumer group removed");
     }
@@ -297,11 +311,21 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
 
     // Start what is placed here and not running.
     for (name, entry) in &catalog.streams {
-        if !entry.replicas.contains(&me) || node.local_stream(name).is_some() {
+        if !entry.replicas.contains(&me) {
+            continue;
+        }
+        if let Some(existing) = node.local_stream(name) {
+            existing.desired.send_if_modified(|c| {
+                let changed = *c != entry.config;
+                *c = entry.config.clone();
+                changed
+            });
             continue;
         }
         let tree = node.raft.db().open_tree(payload_tree(entry.group_id))?;
-        let (machine, last_seq) = StreamMachine::new(entry.config.clone(), tree.clone());
+        // The log is replayed from the config the group was created with;
+        // later configs arrive as UpdateConfig entries.
+        let (machine, last_seq) = StreamMachine::new(entry.created_config.clone(), tree.clone());
         let sm = Arc::new(Mutex::new(machine));
         let shared: SharedStateMachine = sm.clone();
         let group = node
@@ -309,6 +333,8 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
             .await?;
         let writer = StreamWriter::spawn(group.clone());
+        let (desired, desired_rx) = watch::channel(entry.config.clone());
+        crate::stream_runtime::spawn(group.clone(), sm.clone(), desired_rx);
         let local = LocalStream {
             group_id: entry.group_id,
             group,
@@ -316,6 +342,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             tree,
             last_seq,
             writer,
+            desired,
         };
         node.local
             .lock()
@@ -351,7 +378,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             name: key.1.clone(),
             group: group.clone(),
             consumer: sm.clone(),
-            consumer_changes: changes,
+            consumer_changes: changes.clone(),
             stream_sm: stream.sm.clone(),
             stream_tree: stream.tree.clone(),
             stream_last_seq: stream.last_seq.clone(),
@@ -363,6 +390,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             sm,
             runtime,
             desired,
+            changes,
         };
         node.local
             .lock()

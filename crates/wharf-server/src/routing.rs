@@ -16,6 +16,7 @@ use crate::error::{Result, ServerError};
 use crate::forward::onward;
 use crate::meta::{ConsumerEntry, MetaCommand, MetaResponse, StreamEntry};
 use crate::node::NodeInner;
+use crate::util::now_ms;
 
 /// How long a request waits for a group to elect a leader.
 const LEADER_WAIT: Duration = Duration::from_secs(3);
@@ -100,19 +101,51 @@ impl NodeInner {
         }
     }
 
+    /// Wait (bounded) until a local consumer has resolved where it starts, so
+    /// that a publish made after creation is never skipped by a `new` policy.
+    pub async fn wait_consumer_started(&self, stream: &str, name: &str) {
+        let Some(local) = self.local_consumer(stream, name) else {
+            return;
+        };
+        let mut changes = local.changes.clone();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let started = local
+                .sm
+                .lock()
+                .map(|c| !c.state().needs_start())
+                .unwrap_or(true);
+            if started || tokio::time::Instant::now() > deadline {
+                return;
+            }
+            let _ = tokio::time::timeout_at(deadline, changes.changed()).await;
+        }
+    }
+
     pub async fn stream_info(&self, name: &str, hops: u32) -> Result<pb::StreamInfo> {
+        self.stream_info_with(name, hops, false).await
+    }
+
+    /// Stream info from the leader; `subjects` lists subjects with counts.
+    pub async fn stream_info_with(
+        &self,
+        name: &str,
+        hops: u32,
+        subjects: bool,
+    ) -> Result<pb::StreamInfo> {
         let entry = self.find_stream(name).await?;
         let local = self.local_stream(name);
         match self
             .route(local.as_ref().map(|l| &l.group), &entry.replicas)
             .await?
         {
-            Route::Local => self.local_stream_info(name),
+            Route::Local => self.local_stream_info_with(name, subjects),
             Route::Remote(n) => {
                 let req = onward(
                     pb::GetStreamRequest {
                         name: name.to_string(),
                         local: false,
+                        subjects,
                     },
                     hops,
                 )?;
@@ -122,7 +155,9 @@ impl NodeInner {
     }
 
     /// Stream info from this node's own replica, whoever leads.
-    pub fn local_stream_info(&self, name: &str) -> Result<pb::StreamInfo> {
+    /// The config is the one the stream group applies (it follows the
+    /// catalog's shortly after an edit).
+    pub fn local_stream_info_with(&self, name: &str, subjects: bool) -> Result<pb::StreamInfo> {
         let catalog = self.catalog();
         let entry = catalog.stream(name)?;
         let local = self.local_stream(name).ok_or_else(|| {
@@ -131,16 +166,32 @@ impl NodeInner {
                 self.id()
             ))
         })?;
-        let stats = local.sm.lock().map(|s| s.stats()).map_err(|_| poisoned())?;
+        let (config, stats, listed) = {
+            let sm = local.sm.lock().map_err(|_| poisoned())?;
+            let state = sm.state();
+            let listed = if subjects {
+                state.subject_counts(None, crate::stream_admin::MAX_SUBJECTS_LISTED + 1)
+            } else {
+                Vec::new()
+            };
+            (state.config().clone(), state.stats(), listed)
+        };
         let status = local.group.status();
+        let truncated = listed.len() > crate::stream_admin::MAX_SUBJECTS_LISTED;
         Ok(pb::StreamInfo {
-            config: Some(stream_config_to_pb(&entry.config)),
+            config: Some(stream_config_to_pb(&config)),
             state: Some(pb::StreamState {
                 messages: stats.messages,
                 bytes: stats.bytes,
                 first_seq: stats.first_seq,
                 last_seq: stats.last_seq,
                 consumer_count: catalog.consumers_of(name).count() as u32,
+                num_subjects: stats.num_subjects,
+                subjects: (listed.into_iter())
+                    .take(crate::stream_admin::MAX_SUBJECTS_LISTED)
+                    .map(|(subject, messages)| pb::SubjectCount { subject, messages })
+                    .collect(),
+                subjects_truncated: truncated,
             }),
             cluster: Some(pb::ClusterInfo {
                 leader: status.leader.unwrap_or(0),
@@ -238,7 +289,7 @@ impl NodeInner {
                         s.state().count_matching_after(
                             delivered.stream_seq,
                             state.config().filter_subject.as_deref(),
-                        )
+                        ) + state.backlog_len()
                     })
                     .map_err(|_| poisoned())?;
                 Ok(pb::ConsumerInfo {
@@ -259,6 +310,8 @@ impl NodeInner {
                     num_pending,
                     num_terminated: state.num_terminated(),
                     num_exhausted: state.num_exhausted(),
+                    paused: state.is_paused(now_ms()),
+                    pause_remaining_ms: (state.config().pause_until_ms - now_ms()).max(0),
                     cluster: Some(pb::ClusterInfo {
                         leader: status.leader.unwrap_or(0),
                         replicas: entry.replicas.clone(),

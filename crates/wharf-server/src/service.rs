@@ -97,10 +97,15 @@ impl WharfService {
             Route::Local => {
                 let local =
                     local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
-                let seq = local.writer.publish(msg.subject, msg.payload).await?;
+                let msg_id = Some(msg.msg_id).filter(|id| !id.is_empty());
+                let outcome = local
+                    .writer
+                    .publish(msg.subject, msg.payload, msg_id)
+                    .await?;
                 Ok(pb::PublishAck {
                     stream: entry.config.name,
-                    seq,
+                    seq: outcome.seq,
+                    duplicate: outcome.duplicate,
                     ..Default::default()
                 })
             }
@@ -129,6 +134,7 @@ impl WharfService {
         stream: &str,
         config: wharf_core::consumer::ConsumerConfig,
     ) -> Result<()> {
+        let name = config.name.clone();
         let gid = self
             .node
             .meta_write(MetaCommand::AddConsumer {
@@ -138,6 +144,7 @@ impl WharfService {
             })
             .await?;
         self.node.wait_group_ready(gid).await;
+        self.node.wait_consumer_started(stream, &name).await;
         Ok(())
     }
 
@@ -310,9 +317,10 @@ impl Wharf for WharfService {
         let msg = req.into_inner();
         if msg.local {
             self.node.find_stream(&msg.name).await?;
-            return Ok(Response::new(self.node.local_stream_info(&msg.name)?));
+            let info = self.node.local_stream_info_with(&msg.name, msg.subjects)?;
+            return Ok(Response::new(info));
         }
-        let info = retry(|| self.node.stream_info(&msg.name, hops)).await?;
+        let info = retry(|| self.node.stream_info_with(&msg.name, hops, msg.subjects)).await?;
         Ok(Response::new(info))
     }
 
@@ -365,6 +373,45 @@ impl Wharf for WharfService {
         })
         .await?;
         Ok(Response::new(pb::DeleteStreamResponse {}))
+    }
+
+    async fn update_stream(
+        &self,
+        req: Request<pb::AddStreamRequest>,
+    ) -> Result<Response<pb::StreamInfo>, Status> {
+        let hops = hops(&req);
+        let info = self.node.update_stream(req.into_inner(), hops).await?;
+        Ok(Response::new(info))
+    }
+
+    async fn purge_stream(
+        &self,
+        req: Request<pb::PurgeStreamRequest>,
+    ) -> Result<Response<pb::PurgeStreamResponse>, Status> {
+        let hops = hops(&req);
+        Ok(Response::new(
+            self.node.purge_stream(req.into_inner(), hops).await?,
+        ))
+    }
+
+    async fn get_message(
+        &self,
+        req: Request<pb::GetMessageRequest>,
+    ) -> Result<Response<pb::StreamMessage>, Status> {
+        let hops = hops(&req);
+        Ok(Response::new(
+            self.node.get_message(req.into_inner(), hops).await?,
+        ))
+    }
+
+    async fn delete_message(
+        &self,
+        req: Request<pb::DeleteMessageRequest>,
+    ) -> Result<Response<pb::DeleteMessageResponse>, Status> {
+        let hops = hops(&req);
+        Ok(Response::new(
+            self.node.delete_message(req.into_inner(), hops).await?,
+        ))
     }
 
     async fn publish(

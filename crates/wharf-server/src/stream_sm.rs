@@ -6,6 +6,11 @@
 //! what the limits remove. Replaying the log rewrites the same keys, so apply
 //! is idempotent at the storage level.
 //!
+//! Commands: `Publish` (a batch; each item may carry a message id for the
+//! duplicate window), `Expire` (age limit and duplicate window, proposed by
+//! the leader as time passes), `UpdateConfig` (the leader follows the
+//! catalog's config), `Purge` and `DeleteMsg` (answer the number removed).
+//!
 //! Invariants:
 //! - A message is readable from the tree before `applied_seq` announces it, so
 //!   a consumer leader that sees `last_seq = n` can read every stored seq <= n.
@@ -17,7 +22,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use wharf_core::stream::{StreamConfig, StreamState, StreamStats};
+use wharf_core::stream::{Purge, StreamConfig, StreamState};
 use wharf_raft::StateMachine;
 
 use crate::error::{Result, ServerError};
@@ -26,6 +31,8 @@ use crate::error::{Result, ServerError};
 pub struct PublishItem {
     pub subject: String,
     pub payload: Bytes,
+    /// Deduplication id, if the publisher gave one.
+    pub msg_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,10 +50,29 @@ pub enum StreamCommand {
         config: StreamConfig,
         now_ms: i64,
     },
+    /// Remove what `purge` selects; answers the number removed.
+    Purge {
+        purge: Purge,
+    },
+    /// Remove one message; answers 1, or NotFound.
+    DeleteMsg {
+        seq: u64,
+    },
 }
 
-/// One result per published item: its sequence, or why it was refused.
-pub type PublishResults = Vec<std::result::Result<u64, ServerError>>;
+/// Where a publish landed: a new sequence, or (`duplicate`) the original
+/// sequence of a message id still inside the duplicate window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishOutcome {
+    pub seq: u64,
+    pub duplicate: bool,
+}
+
+/// One result per published item: where it landed, or why it was refused.
+pub type PublishResults = Vec<std::result::Result<PublishOutcome, ServerError>>;
+
+/// What `Purge` and `DeleteMsg` answer: how many messages were removed.
+pub type RemovedCount = std::result::Result<u64, ServerError>;
 
 /// A stored message as kept in the payload tree.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,22 +111,22 @@ impl StreamMachine {
         &self.state
     }
 
-    pub fn stats(&self) -> StreamStats {
-        self.state.stats()
-    }
-
     fn publish(&mut self, now_ms: i64, items: Vec<PublishItem>) -> PublishResults {
         let mut batch = sled::Batch::default();
         let mut results = Vec::with_capacity(items.len());
         for item in items {
-            match self
-                .state
-                .append(&item.subject, item.payload.len() as u64, now_ms)
-            {
+            let size = item.payload.len() as u64;
+            match (self.state).append_msg(&item.subject, size, item.msg_id.as_deref(), now_ms) {
+                Ok(appended) if appended.duplicate => results.push(Ok(PublishOutcome {
+                    seq: appended.seq,
+                    duplicate: true,
+                })),
                 Ok(appended) => {
+                    let published_ms =
+                        (self.state.get(appended.seq)).map_or(now_ms, |m| m.published_ms);
                     let stored = StoredMessage {
                         subject: item.subject,
-                        published_ms: now_ms,
+                        published_ms,
                         payload: item.payload,
                     };
                     match bincode::serialize(&stored) {
@@ -110,7 +136,10 @@ impl StreamMachine {
                     for seq in appended.removed {
                         batch.remove(&seq.to_be_bytes());
                     }
-                    results.push(Ok(appended.seq));
+                    results.push(Ok(PublishOutcome {
+                        seq: appended.seq,
+                        duplicate: false,
+                    }));
                 }
                 Err(e) => results.push(Err(ServerError::from(e))),
             }
@@ -119,12 +148,14 @@ impl StreamMachine {
         results
     }
 
-    fn remove(&mut self, seqs: Vec<u64>) {
+    /// Deletes the payloads of removed messages; answers how many.
+    fn remove(&mut self, seqs: Vec<u64>) -> u64 {
         let mut batch = sled::Batch::default();
-        for seq in seqs {
+        for seq in &seqs {
             batch.remove(&seq.to_be_bytes());
         }
         self.write(batch);
+        seqs.len() as u64
     }
 
     fn write(&self, batch: sled::Batch) {
@@ -147,28 +178,49 @@ pub fn read_message(tree: &sled::Tree, seq: u64) -> Result<Option<StoredMessage>
 
 impl StateMachine for StreamMachine {
     fn apply(&mut self, _index: u64, command: &[u8]) -> Vec<u8> {
-        let response: std::result::Result<PublishResults, ServerError> =
-            match bincode::deserialize::<StreamCommand>(command) {
-                Ok(StreamCommand::Publish { now_ms, items }) => Ok(self.publish(now_ms, items)),
-                Ok(StreamCommand::Expire { now_ms }) => {
-                    let removed = self.state.expire(now_ms);
-                    self.remove(removed);
-                    Ok(Vec::new())
-                }
-                Ok(StreamCommand::UpdateConfig { config, now_ms }) => {
-                    match self.state.update_config(config, now_ms) {
-                        Ok(removed) => {
-                            self.remove(removed);
-                            Ok(Vec::new())
-                        }
-                        Err(e) => Err(e.into()),
+        type Batch = std::result::Result<PublishResults, ServerError>;
+        let command = match bincode::deserialize::<StreamCommand>(command) {
+            Ok(c) => c,
+            Err(e) => {
+                let e = ServerError::Internal(format!("undecodable stream command: {e}"));
+                return bincode::serialize(&Batch::Err(e)).unwrap_or_default();
+            }
+        };
+        let encoded = match command {
+            StreamCommand::Publish { now_ms, items } => {
+                bincode::serialize(&Batch::Ok(self.publish(now_ms, items)))
+            }
+            StreamCommand::Expire { now_ms } => {
+                let removed = self.state.expire(now_ms);
+                self.remove(removed);
+                bincode::serialize(&Batch::Ok(Vec::new()))
+            }
+            StreamCommand::UpdateConfig { config, now_ms } => {
+                let r: Batch = match self.state.update_config(config, now_ms) {
+                    Ok(removed) => {
+                        self.remove(removed);
+                        Ok(Vec::new())
                     }
-                }
-                Err(e) => Err(ServerError::Internal(format!(
-                    "undecodable stream command: {e}"
-                ))),
-            };
-        bincode::serialize(&response).unwrap_or_default()
+                    Err(e) => Err(e.into()),
+                };
+                bincode::serialize(&r)
+            }
+            StreamCommand::Purge { purge } => {
+                let r: RemovedCount = match self.state.purge(&purge) {
+                    Ok(removed) => Ok(self.remove(removed)),
+                    Err(e) => Err(e.into()),
+                };
+                bincode::serialize(&r)
+            }
+            StreamCommand::DeleteMsg { seq } => {
+                let r: RemovedCount = match self.state.delete(seq) {
+                    Ok(()) => Ok(self.remove(vec![seq])),
+                    Err(e) => Err(e.into()),
+                };
+                bincode::serialize(&r)
+            }
+        };
+        encoded.unwrap_or_default()
     }
 
     fn snapshot(&self) -> std::result::Result<Vec<u8>, String> {

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use wharf_raft::Group;
 
 use crate::error::{Result, ServerError};
-use crate::stream_sm::{PublishItem, PublishResults, StreamCommand};
+use crate::stream_sm::{PublishItem, PublishOutcome, PublishResults, StreamCommand};
 use crate::util::now_ms;
 
 const QUEUE_MSGS: usize = 8192;
@@ -22,7 +22,7 @@ const MAX_BATCH_MSGS: usize = 1024;
 const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 const MAX_INFLIGHT: usize = 4;
 
-type Reply = oneshot::Sender<Result<u64>>;
+type Reply = oneshot::Sender<Result<PublishOutcome>>;
 
 #[derive(Clone)]
 pub struct StreamWriter {
@@ -36,10 +36,21 @@ impl StreamWriter {
         StreamWriter { tx }
     }
 
-    pub async fn publish(&self, subject: String, payload: Bytes) -> Result<u64> {
+    /// Queue one publish; answers once its batch is committed and applied.
+    pub async fn publish(
+        &self,
+        subject: String,
+        payload: Bytes,
+        msg_id: Option<String>,
+    ) -> Result<PublishOutcome> {
         let (reply, rx) = oneshot::channel();
+        let item = PublishItem {
+            subject,
+            payload,
+            msg_id,
+        };
         self.tx
-            .send((PublishItem { subject, payload }, reply))
+            .send((item, reply))
             .await
             .map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?;
         rx.await

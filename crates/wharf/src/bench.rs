@@ -82,6 +82,7 @@ async fn setup(admin: &Client, args: &BenchArgs) -> Result<()> {
         max_bytes: -1,
         max_age_ms: 0,
         max_msg_size: -1,
+        ..Default::default()
     };
     admin.add_stream(stream).await.with_context(|| {
         format!(
@@ -312,6 +313,7 @@ async fn publish_async(
                 let req = pb::PublishRequest {
                     subject: args.subject.clone(),
                     payload: Bytes::from(payload(args.size, stamp_ns, tag | k)),
+                    ..Default::default()
                 };
                 if sent_tx.send(intended).await.is_err() || tx.send(req).await.is_err() {
                     break;

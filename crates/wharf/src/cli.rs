@@ -110,7 +110,25 @@ pub enum StreamCmd {
         /// Read the answering node's own replica instead of the leader's.
         #[arg(long)]
         local: bool,
+        /// Also list the stored subjects with their message counts.
+        #[arg(long)]
+        subjects: bool,
     },
+    /// Change a stream's subjects, limits, discard policy or duplicate
+    /// window (name and replicas are fixed). Only the given flags change.
+    Edit(StreamEditArgs),
+    /// Remove messages: all of them, or only those of --subject, all but the
+    /// newest --keep, or those below sequence --seq.
+    Purge(StreamPurgeArgs),
+    /// Show one stored message by sequence.
+    Get {
+        name: String,
+        seq: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete one stored message by sequence.
+    Rmm { name: String, seq: u64 },
     /// Move the stream's group leadership to another replica.
     Stepdown { name: String },
     /// List streams.
@@ -143,6 +161,66 @@ pub struct StreamAddArgs {
     /// Largest message accepted, in bytes; -1 for the server's limit (1 MiB).
     #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
     pub max_msg_size: i32,
+    /// Keep at most this many messages per subject (that subject's oldest
+    /// removed first); -1 unlimited.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub max_msgs_per_subject: i64,
+    /// At a limit: `old` removes the oldest messages, `new` refuses the
+    /// publish ("maximum messages exceeded").
+    #[arg(long, default_value = "old", value_parser = ["old", "new"])]
+    pub discard: String,
+    /// How long a message id (`wharf pub --id`) is remembered: a publish with
+    /// the same id inside this window is stored once. Default 2m (or
+    /// --max-age if shorter).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub dupe_window: Option<std::time::Duration>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StreamEditArgs {
+    pub name: String,
+    /// Subjects the stream stores, comma-separated (replaces the list).
+    #[arg(long, value_delimiter = ',')]
+    pub subjects: Option<Vec<String>>,
+    /// Keep at most this many messages; -1 unlimited.
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_msgs: Option<i64>,
+    /// Keep at most this many bytes of payload; -1 unlimited.
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_bytes: Option<i64>,
+    /// Remove messages older than this (e.g. 1h); 0s keeps them.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_age: Option<std::time::Duration>,
+    /// Largest message accepted, in bytes; -1 for the server's limit.
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_msg_size: Option<i32>,
+    /// Keep at most this many messages per subject; -1 unlimited.
+    #[arg(long, allow_hyphen_values = true)]
+    pub max_msgs_per_subject: Option<i64>,
+    /// At a limit: `old` removes the oldest messages, `new` refuses publishes.
+    #[arg(long, value_parser = ["old", "new"])]
+    pub discard: Option<String>,
+    /// How long a message id is remembered for deduplication.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub dupe_window: Option<std::time::Duration>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StreamPurgeArgs {
+    pub name: String,
+    /// Only messages whose subject matches this filter (wildcards allowed).
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// Keep the newest N (matching) messages.
+    #[arg(long, conflicts_with = "seq")]
+    pub keep: Option<u64>,
+    /// Only messages below this sequence (it is kept).
+    #[arg(long)]
+    pub seq: Option<u64>,
     #[arg(long)]
     pub json: bool,
 }
@@ -151,6 +229,11 @@ pub struct StreamAddArgs {
 pub struct PubArgs {
     pub subject: String,
     pub payload: String,
+    /// Message id for deduplication: inside the stream's duplicate window a
+    /// publish with an id already stored is acknowledged as a duplicate with
+    /// the original sequence and stored only once.
+    #[arg(long)]
+    pub id: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -178,6 +261,10 @@ pub enum ConsumerCmd {
     Rm { stream: String, name: String },
     /// Move the consumer's group leadership to another replica.
     Stepdown { stream: String, name: String },
+    /// Stop deliveries until a time (waiting pulls stay open).
+    Pause(PauseArgs),
+    /// Resume deliveries of a paused consumer.
+    Resume { stream: String, name: String },
     /// Pull messages as one worker of the consumer.
     Next(NextArgs),
 }
@@ -213,8 +300,32 @@ pub struct ConsumerAddArgs {
     /// at once instead of after AckWait.
     #[arg(long)]
     pub redeliver_on_disconnect: bool,
+    /// Where to start: all (every stored message), new (only messages stored
+    /// from now on), last (the last matching message, then new ones),
+    /// last-per-subject (the last message of each subject, then new ones).
+    /// Fixed once the consumer exists.
+    #[arg(long, default_value = "all", value_parser = ["all", "new", "last", "last-per-subject"],
+          conflicts_with_all = ["start_seq", "start_time"])]
+    pub deliver: String,
+    /// Start at this stream sequence.
+    #[arg(long, conflicts_with = "start_time")]
+    pub start_seq: Option<u64>,
+    /// Start at the first message stored at or after this time (RFC 3339,
+    /// e.g. 2026-05-22T10:14:00Z).
+    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    pub start_time: Option<std::time::SystemTime>,
+    /// Labels for operators, key=value; repeat for more.
+    #[arg(long = "metadata", value_parser = parse_key_value)]
+    pub metadata: Vec<(String, String)>,
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected key=value, got {s:?}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -235,6 +346,18 @@ pub struct ConsumerEditArgs {
     pub redeliver_on_disconnect: Option<bool>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PauseArgs {
+    pub stream: String,
+    pub name: String,
+    /// Pause for this long (e.g. 10m).
+    #[arg(long = "for", value_parser = humantime::parse_duration, conflicts_with = "until")]
+    pub duration: Option<std::time::Duration>,
+    /// Pause until this time (RFC 3339).
+    #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+    pub until: Option<std::time::SystemTime>,
 }
 
 #[derive(Args, Debug)]
@@ -259,6 +382,9 @@ pub struct NextArgs {
     /// Terminate each message: it is never redelivered.
     #[arg(long, conflicts_with_all = ["ack"])]
     pub term: bool,
+    /// Stop the batch before its payloads exceed this many bytes.
+    #[arg(long, default_value_t = 0)]
+    pub max_bytes: u64,
     /// How long to wait for messages.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub wait: std::time::Duration,

@@ -13,13 +13,21 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
     match command {
         Command::Stream(cmd) => stream(&client, cmd).await,
         Command::Pub(args) => {
-            let ack = client
-                .publish(&args.subject, args.payload.into_bytes())
-                .await?;
+            let payload = args.payload.into_bytes();
+            let ack = match &args.id {
+                Some(id) => client.publish_with_id(&args.subject, payload, id).await?,
+                None => client.publish(&args.subject, payload).await?,
+            };
             if args.json {
+                let mut v = serde_json::json!({"stream": ack.stream, "seq": ack.seq});
+                if ack.duplicate {
+                    v["duplicate"] = true.into();
+                }
+                println!("{v}");
+            } else if ack.duplicate {
                 println!(
-                    "{}",
-                    serde_json::json!({"stream": ack.stream, "seq": ack.seq})
+                    "Duplicate message: already stored in stream {} at sequence {}",
+                    ack.stream, ack.seq
                 );
             } else {
                 println!("Stored in stream {} at sequence {}", ack.stream, ack.seq);
@@ -57,17 +65,37 @@ async fn stream(client: &Client, cmd: StreamCmd) -> Result<()> {
                 max_bytes: a.max_bytes,
                 max_age_ms,
                 max_msg_size: a.max_msg_size,
+                max_msgs_per_subject: a.max_msgs_per_subject,
+                discard: discard_policy(&a.discard) as i32,
+                duplicate_window_ms: a.dupe_window.map(ms).transpose()?.unwrap_or(0),
             };
             let info = client.add_stream(config).await?;
             print_stream(&info, a.json)
         }
-        StreamCmd::Info { name, json, local } => {
+        StreamCmd::Info {
+            name,
+            json,
+            local,
+            subjects,
+        } => {
             let info = if local {
                 client.stream_info_local(&name).await?
+            } else if subjects {
+                client.stream_info_subjects(&name).await?
             } else {
                 client.stream_info(&name).await?
             };
             print_stream(&info, json)
+        }
+        StreamCmd::Edit(e) => crate::stream_cmd::edit(client, e).await,
+        StreamCmd::Purge(p) => crate::stream_cmd::purge(client, p).await,
+        StreamCmd::Get { name, seq, json } => {
+            crate::stream_cmd::get(client, &name, seq, json).await
+        }
+        StreamCmd::Rmm { name, seq } => {
+            client.delete_message(&name, seq).await?;
+            println!("Deleted message {seq} from stream {name}");
+            Ok(())
         }
         StreamCmd::Stepdown { name } => {
             let r = client.step_down(&name, None).await?;
@@ -95,7 +123,14 @@ async fn stream(client: &Client, cmd: StreamCmd) -> Result<()> {
     }
 }
 
-fn print_stream(info: &pb::StreamInfo, json: bool) -> Result<()> {
+pub(crate) fn discard_policy(name: &str) -> pb::DiscardPolicy {
+    match name {
+        "new" => pb::DiscardPolicy::DiscardNew,
+        _ => pb::DiscardPolicy::DiscardOld,
+    }
+}
+
+pub(crate) fn print_stream(info: &pb::StreamInfo, json: bool) -> Result<()> {
     if json {
         println!(
             "{}",
@@ -119,7 +154,7 @@ fn print_consumer(info: &pb::ConsumerInfo, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn ms(d: Duration) -> Result<u64> {
+pub(crate) fn ms(d: Duration) -> Result<u64> {
     let ms = u64::try_from(d.as_millis())?;
     if ms == 0 {
         bail!("durations must be at least 1ms");
@@ -135,9 +170,23 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
                 "none" => pb::AckPolicy::AckNone,
                 _ => pb::AckPolicy::AckExplicit,
             };
+            let (deliver_policy, opt_start_seq, opt_start_time_ms) =
+                match (a.start_seq, a.start_time, a.deliver.as_str()) {
+                    (Some(seq), _, _) => (pb::DeliverPolicy::DeliverByStartSequence, seq, 0),
+                    (_, Some(t), _) => (pb::DeliverPolicy::DeliverByStartTime, 0, epoch_ms(t)?),
+                    (_, _, "new") => (pb::DeliverPolicy::DeliverNew, 0, 0),
+                    (_, _, "last") => (pb::DeliverPolicy::DeliverLast, 0, 0),
+                    (_, _, "last-per-subject") => (pb::DeliverPolicy::DeliverLastPerSubject, 0, 0),
+                    _ => (pb::DeliverPolicy::DeliverAll, 0, 0),
+                };
             let config = pb::ConsumerConfig {
                 name: a.name,
                 filter_subject: a.filter.unwrap_or_default(),
+                deliver_policy: deliver_policy as i32,
+                opt_start_seq,
+                opt_start_time_ms,
+                metadata: a.metadata.into_iter().collect(),
+                pause_until_ms: 0,
                 ack_wait_ms: ms(a.ack_wait)?,
                 max_ack_pending: a.max_pending,
                 max_waiting: a.max_waiting,
@@ -197,15 +246,56 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
             );
             Ok(())
         }
+        ConsumerCmd::Pause(p) => {
+            let until = match (p.duration, p.until) {
+                (Some(d), _) => std::time::SystemTime::now() + d,
+                (_, Some(t)) => t,
+                (None, None) => bail!("say how long: --for 10m or --until TIME"),
+            };
+            let info = set_pause(client, &p.stream, &p.name, epoch_ms(until)?).await?;
+            println!(
+                "Paused {} > {} for {}",
+                p.stream,
+                p.name,
+                humantime::format_duration(Duration::from_millis(
+                    info.pause_remaining_ms.max(0) as u64 / 1000 * 1000
+                ))
+            );
+            Ok(())
+        }
+        ConsumerCmd::Resume { stream, name } => {
+            set_pause(client, &stream, &name, 0).await?;
+            println!("Resumed {stream} > {name}");
+            Ok(())
+        }
         ConsumerCmd::Next(args) => next(client, args).await,
     }
+}
+
+fn epoch_ms(t: std::time::SystemTime) -> Result<i64> {
+    let ms = t.duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    Ok(i64::try_from(ms)?)
+}
+
+async fn set_pause(
+    client: &Client,
+    stream: &str,
+    name: &str,
+    until_ms: i64,
+) -> Result<pb::ConsumerInfo> {
+    let info = client.consumer_info(stream, name).await?;
+    let mut config = info.config.unwrap_or_default();
+    config.pause_until_ms = until_ms;
+    Ok(client.update_consumer(stream, config).await?)
 }
 
 async fn next(client: &Client, args: NextArgs) -> Result<()> {
     if args.count == 0 {
         bail!("--count must be at least 1");
     }
-    let mut consumer = client.consumer(&args.stream, &args.name);
+    let mut consumer = client
+        .consumer(&args.stream, &args.name)
+        .with_max_bytes(args.max_bytes);
     let messages = consumer.fetch(args.count, args.wait).await?;
     if messages.is_empty() {
         bail!(

@@ -48,7 +48,7 @@ fn replicas(ids: &[u64]) -> String {
 
 pub fn stream_json(info: &pb::StreamInfo) -> Value {
     let c = info.config.clone().unwrap_or_default();
-    let s = info.state.unwrap_or_default();
+    let s = info.state.clone().unwrap_or_default();
     let cl = info.cluster.clone().unwrap_or_default();
     json!({
         "config": {
@@ -60,23 +60,19 @@ pub fn stream_json(info: &pb::StreamInfo) -> Value {
             "max_bytes": c.max_bytes,
             "max_age": c.max_age_ms.saturating_mul(1_000_000),
             "max_msg_size": c.max_msg_size,
-            "discard": "old",
+            "max_msgs_per_subject": c.max_msgs_per_subject,
+            "discard": discard_name(c.discard),
+            "duplicate_window": c.duplicate_window_ms.saturating_mul(1_000_000),
         },
         "created": time(info.created_ms),
-        "state": {
-            "messages": s.messages,
-            "bytes": s.bytes,
-            "first_seq": s.first_seq,
-            "last_seq": s.last_seq,
-            "consumer_count": s.consumer_count,
-        },
+        "state": stream_state_json(&s),
         "cluster": { "leader": cl.leader, "replicas": cl.replicas, "term": cl.term },
     })
 }
 
 pub fn stream_text(info: &pb::StreamInfo) -> String {
     let c = info.config.clone().unwrap_or_default();
-    let s = info.state.unwrap_or_default();
+    let s = info.state.clone().unwrap_or_default();
     let cl = info.cluster.clone().unwrap_or_default();
     let mut out = format!(
         "Information for Stream {} created {}\n\n",
@@ -89,8 +85,10 @@ pub fn stream_text(info: &pb::StreamInfo) -> String {
             ("Subjects", c.subjects.join(", ")),
             ("Replicas", c.replicas.to_string()),
             ("Retention", "Limits".into()),
-            ("Discard Policy", "Old".into()),
+            ("Discard Policy", capitalized(discard_name(c.discard))),
+            ("Duplicate Window", duration_ms(c.duplicate_window_ms)),
             ("Maximum Messages", limit(c.max_msgs)),
+            ("Maximum Per Subject", limit(c.max_msgs_per_subject)),
             ("Maximum Bytes", limit(c.max_bytes)),
             (
                 "Maximum Age",
@@ -121,9 +119,105 @@ pub fn stream_text(info: &pb::StreamInfo) -> String {
             ("First Sequence", thousands(s.first_seq)),
             ("Last Sequence", thousands(s.last_seq)),
             ("Active Consumers", s.consumer_count.to_string()),
+            ("Number of Subjects", thousands(s.num_subjects)),
         ],
     );
+    if !s.subjects.is_empty() {
+        out += &subjects_text(&s);
+    }
     out
+}
+
+fn discard_name(policy: i32) -> &'static str {
+    match pb::DiscardPolicy::try_from(policy) {
+        Ok(pb::DiscardPolicy::DiscardNew) => "new",
+        _ => "old",
+    }
+}
+
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+fn duration_ms(ms: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+}
+
+/// NATS' `state` object; `subjects` (subject -> count) only when listed.
+fn stream_state_json(s: &pb::StreamState) -> Value {
+    let mut v = json!({
+        "messages": s.messages,
+        "bytes": s.bytes,
+        "first_seq": s.first_seq,
+        "last_seq": s.last_seq,
+        "num_subjects": s.num_subjects,
+        "consumer_count": s.consumer_count,
+    });
+    if !s.subjects.is_empty() {
+        let map: serde_json::Map<String, Value> = (s.subjects.iter())
+            .map(|c| (c.subject.clone(), c.messages.into()))
+            .collect();
+        v["subjects"] = Value::Object(map);
+        if s.subjects_truncated {
+            v["subjects_truncated"] = true.into();
+        }
+    }
+    v
+}
+
+fn subjects_text(s: &pb::StreamState) -> String {
+    let width = (s.subjects.iter())
+        .map(|c| c.subject.len())
+        .max()
+        .unwrap_or(0)
+        .max("Subject".len());
+    let mut out = format!(
+        "Subjects:
+
+  {:<width$}  {:>12}
+",
+        "Subject", "Messages"
+    );
+    for c in &s.subjects {
+        out += &format!(
+            "  {:<width$}  {:>12}
+",
+            c.subject,
+            thousands(c.messages)
+        );
+    }
+    if s.subjects_truncated {
+        out += &format!(
+            "  ... {} subjects in all, only the first {} listed\n",
+            thousands(s.num_subjects),
+            s.subjects.len()
+        );
+    }
+    out.push('\n');
+    out
+}
+
+/// A stored message as `nats stream get --json` shows it (payload as text).
+pub fn stored_message_json(m: &pb::StreamMessage) -> Value {
+    json!({
+        "subject": m.subject,
+        "seq": m.seq,
+        "time": time(m.published_ms),
+        "data": String::from_utf8_lossy(&m.payload),
+    })
+}
+
+pub fn stored_message_text(stream: &str, m: &pb::StreamMessage) -> String {
+    format!(
+        "Item: {stream}#{} received {} on Subject {}\n\n{}\n",
+        m.seq,
+        time(m.published_ms),
+        m.subject,
+        String::from_utf8_lossy(&m.payload)
+    )
 }
 
 pub fn stream_table(streams: &[pb::StreamInfo]) -> String {
@@ -136,7 +230,7 @@ pub fn stream_table(streams: &[pb::StreamInfo]) -> String {
     );
     for s in streams {
         let c = s.config.clone().unwrap_or_default();
-        let st = s.state.unwrap_or_default();
+        let st = s.state.clone().unwrap_or_default();
         let leader = s.cluster.as_ref().map(|c| c.leader).unwrap_or(0);
         out += &format!(
             "{:<20} {:>12} {:>14} {:>10} {:>8}\n",
@@ -155,6 +249,32 @@ fn ack_policy_name(policy: i32) -> &'static str {
         Ok(pb::AckPolicy::AckAll) => "All",
         Ok(pb::AckPolicy::AckNone) => "None",
         _ => "Explicit",
+    }
+}
+
+fn deliver_policy_text(c: &pb::ConsumerConfig) -> String {
+    match pb::DeliverPolicy::try_from(c.deliver_policy) {
+        Ok(pb::DeliverPolicy::DeliverNew) => "New".into(),
+        Ok(pb::DeliverPolicy::DeliverLast) => "Last".into(),
+        Ok(pb::DeliverPolicy::DeliverLastPerSubject) => "Last Per Subject".into(),
+        Ok(pb::DeliverPolicy::DeliverByStartSequence) => {
+            format!("From Sequence {}", c.opt_start_seq)
+        }
+        Ok(pb::DeliverPolicy::DeliverByStartTime) => {
+            format!("From Time {}", time(c.opt_start_time_ms))
+        }
+        _ => "All".into(),
+    }
+}
+
+fn deliver_policy_json(c: &pb::ConsumerConfig) -> &'static str {
+    match pb::DeliverPolicy::try_from(c.deliver_policy) {
+        Ok(pb::DeliverPolicy::DeliverNew) => "new",
+        Ok(pb::DeliverPolicy::DeliverLast) => "last",
+        Ok(pb::DeliverPolicy::DeliverLastPerSubject) => "last_per_subject",
+        Ok(pb::DeliverPolicy::DeliverByStartSequence) => "by_start_sequence",
+        Ok(pb::DeliverPolicy::DeliverByStartTime) => "by_start_time",
+        _ => "all",
     }
 }
 
@@ -181,7 +301,11 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
         "config": {
             "durable_name": c.name,
             "filter_subject": c.filter_subject,
-            "deliver_policy": "all",
+            "deliver_policy": deliver_policy_json(&c),
+            "opt_start_seq": c.opt_start_seq,
+            "opt_start_time": (c.opt_start_time_ms != 0).then(|| time(c.opt_start_time_ms)),
+            "pause_until": (c.pause_until_ms != 0).then(|| time(c.pause_until_ms)),
+            "metadata": c.metadata,
             "ack_policy": ack_policy_name(c.ack_policy).to_lowercase(),
             "max_deliver": c.max_deliver,
             "backoff": c.backoff_ms.iter().map(|ms| ms.saturating_mul(1_000_000)).collect::<Vec<_>>(),
@@ -197,6 +321,8 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
         "num_waiting": info.num_waiting,
         "num_pending": info.num_pending,
         "num_terminated": info.num_terminated,
+        "paused": info.paused,
+        "pause_remaining": info.pause_remaining_ms.saturating_mul(1_000_000),
         "num_max_delivered": info.num_exhausted,
         "cluster": { "leader": cl.leader, "replicas": cl.replicas, "term": cl.term },
     })
@@ -234,8 +360,18 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
                 "Redeliver On Disconnect",
                 c.redeliver_on_disconnect.to_string(),
             ),
+            ("Deliver Policy", deliver_policy_text(&c)),
         ],
     );
+    if !c.metadata.is_empty() {
+        let mut meta: Vec<(&String, &String)> = c.metadata.iter().collect();
+        meta.sort();
+        let rows_meta: Vec<(&str, String)> = meta
+            .iter()
+            .map(|(k, v)| (k.as_str(), (*v).clone()))
+            .collect();
+        out += &rows("Metadata", &rows_meta);
+    }
     out += &rows(
         "Cluster Information",
         &[

@@ -9,6 +9,7 @@ mod client_cmd;
 mod format;
 mod server_cmd;
 mod server_config;
+mod stream_cmd;
 
 use std::process::ExitCode;
 
