@@ -33,6 +33,18 @@ async fn every_node_accepts_every_request() -> anyhow::Result<()> {
         .wait_group_leader("ORDERS/shipping", Duration::from_secs(10))
         .await?;
     eprintln!("stream leader {stream_leader}, consumer leader {consumer_leader}");
+    // Every node reports itself live and ready through gRPC health.
+    for id in 1..=3u64 {
+        for service in ["ready", "live"] {
+            let addr = cluster.node(id).addr.clone();
+            let out = cluster.wharf(&["--server", &addr, "health", "--service", service]);
+            assert!(
+                out.status.success(),
+                "node {id} {service}: {}",
+                wharf_tests::stderr(&out)
+            );
+        }
+    }
 
     // Publish, pull, ack and read state through each node in turn: two of
     // them forward to the leaders.

@@ -303,6 +303,38 @@ async fn stream_edit_through_a_non_leader_applies_at_once() -> anyhow::Result<()
     let info = client.stream_info("ORDERS").await?;
     let c = info.config.unwrap_or_default();
     assert_eq!((c.subjects.len(), c.replicas, c.max_age_ms), (2, 3, 0));
+
+    // A whole-cluster restart replays each stream log from the created
+    // config and ends on the edited one, with the same messages.
+    let before = info.state.unwrap_or_default();
+    let mut cluster = cluster;
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    for id in 1..=3 {
+        cluster.restart(id)?;
+    }
+    cluster
+        .wait_group_leader("ORDERS", Duration::from_secs(20))
+        .await?;
+    let info = cluster.client().stream_info("ORDERS").await?;
+    let (c, s) = (
+        info.config.unwrap_or_default(),
+        info.state.unwrap_or_default(),
+    );
+    assert_eq!(
+        (c.max_msgs, c.discard),
+        (-1, pb::DiscardPolicy::DiscardNew as i32)
+    );
+    assert_eq!(
+        (s.messages, s.first_seq, s.last_seq),
+        (before.messages, 3, 6)
+    );
+    let ack = cluster
+        .client()
+        .publish("orders.x", "after restart")
+        .await?;
+    assert_eq!(ack.seq, 7);
     Ok(())
 }
 

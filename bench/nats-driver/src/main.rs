@@ -41,7 +41,11 @@ const FILL_WINDOW: u32 = 256;
 #[derive(Parser)]
 struct Cli {
     /// NATS servers, comma-separated host:port.
-    #[arg(long, global = true, default_value = "127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224"
+    )]
     server: String,
     #[command(subcommand)]
     command: Cmd,
@@ -71,7 +75,13 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| if s.contains("://") { s.to_string() } else { format!("nats://{s}") })
+        .map(|s| {
+            if s.contains("://") {
+                s.to_string()
+            } else {
+                format!("nats://{s}")
+            }
+        })
         .collect();
     if addrs.is_empty() {
         bail!("no server address given");
@@ -158,7 +168,11 @@ async fn measure<'a>(addrs: &[String], args: &'a BenchArgs) -> Result<Report<'a>
         let js = jetstream::new(connect(addrs, 0).await?);
         let stats = publish_async(js, &fill, 0, clock, Progress::new(), None, false).await?;
         if stats.ok < args.msgs {
-            bail!("filling the stream: only {} of {} stored", stats.ok, args.msgs);
+            bail!(
+                "filling the stream: only {} of {} stored",
+                stats.ok,
+                args.msgs
+            );
         }
         notes.push(format!(
             "stream filled with {} messages before the workers started (not measured)",
@@ -177,7 +191,9 @@ async fn measure<'a>(addrs: &[String], args: &'a BenchArgs) -> Result<Report<'a>
     for i in 0..args.subs {
         let js = jetstream::new(connect(addrs, i).await?);
         let (args, progress) = (args.clone(), progress.clone());
-        workers.push(tokio::spawn(async move { worker(js, &args, clock, progress).await }));
+        workers.push(tokio::spawn(async move {
+            worker(js, &args, clock, progress).await
+        }));
     }
     let mut publishers = Vec::new();
     for i in 0..args.pubs {
@@ -196,7 +212,11 @@ async fn measure<'a>(addrs: &[String], args: &'a BenchArgs) -> Result<Report<'a>
         published.merge(p.await??);
     }
     progress.target.store(
-        if args.pubs == 0 { args.msgs } else { published.ok },
+        if args.pubs == 0 {
+            args.msgs
+        } else {
+            published.ok
+        },
         Ordering::Relaxed,
     );
     progress.publishers_done.store(true, Ordering::Relaxed);
@@ -239,7 +259,11 @@ async fn publish_sync(
 ) -> Result<PubStats> {
     let mut stats = PubStats::default();
     let mut pacer = Pacer::new(args.rate_per_pub(), start);
-    let count = if deadline.is_some() { u64::MAX } else { args.share(i) };
+    let count = if deadline.is_some() {
+        u64::MAX
+    } else {
+        args.share(i)
+    };
     let tag = u64::from(i) << 40;
     for k in 0..count {
         let intended = pacer.next().await;
@@ -287,14 +311,21 @@ async fn publish_async(
         let start = Instant::now();
         tokio::spawn(async move {
             let mut pacer = Pacer::new(args.rate_per_pub(), start);
-            let count = if deadline.is_some() { u64::MAX } else { args.share(i) };
+            let count = if deadline.is_some() {
+                u64::MAX
+            } else {
+                args.share(i)
+            };
             let tag = u64::from(i) << 40;
             for k in 0..count {
                 let mut intended = pacer.next().await;
-                if deadline.is_some_and(|d| intended >= d) || progress.stop.load(Ordering::Relaxed) {
+                if deadline.is_some_and(|d| intended >= d) || progress.stop.load(Ordering::Relaxed)
+                {
                     break;
                 }
-                let Ok(permit) = permits.acquire().await else { break };
+                let Ok(permit) = permits.acquire().await else {
+                    break;
+                };
                 permit.forget();
                 if !pacer.paced() {
                     intended = Instant::now();

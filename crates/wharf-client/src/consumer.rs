@@ -64,6 +64,8 @@ pub struct Consumer {
     max_bytes: u64,
     /// Idle heartbeat asked of each pull (0: none).
     idle_heartbeat_ms: u64,
+    /// Overflow thresholds of each pull: (min_pending, min_ack_pending).
+    overflow: (u64, u64),
 }
 
 impl Consumer {
@@ -77,7 +79,16 @@ impl Consumer {
             stash: VecDeque::new(),
             max_bytes: 0,
             idle_heartbeat_ms: 0,
+            overflow: (0, 0),
         }
+    }
+
+    /// As a standby worker of an overflow consumer: pulls are served only
+    /// while the consumer has at least `min_pending` unprocessed or
+    /// `min_ack_pending` outstanding messages (0: no such threshold).
+    pub fn with_overflow(mut self, min_pending: u64, min_ack_pending: u64) -> Self {
+        self.overflow = (min_pending, min_ack_pending);
+        self
     }
 
     /// Limit each pull's batch to this many payload bytes (0: no limit).
@@ -176,6 +187,7 @@ impl Consumer {
     ) -> Result<()> {
         let id = self.next_id();
         let (max_bytes, idle_heartbeat_ms) = (self.max_bytes, self.idle_heartbeat_ms);
+        let (min_pending, min_ack_pending) = self.overflow;
         let session = self.open().await?;
         let pull = pb::PullRequest {
             id,
@@ -184,6 +196,8 @@ impl Consumer {
             no_wait: wait.is_zero(),
             max_bytes,
             idle_heartbeat_ms,
+            min_pending,
+            min_ack_pending,
         };
         let req = pb::ConsumeRequest {
             kind: Some(pb::consume_request::Kind::Pull(pull)),

@@ -32,6 +32,9 @@ pub use error::{ClientError, Result};
 pub use tonic::Code;
 pub use wharf_proto::v1 as proto;
 
+/// Longest one attempt of a unary call may take before the next seed is tried.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// The dev cluster's addresses, the default for every client.
 pub const DEFAULT_SERVERS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
 
@@ -116,7 +119,16 @@ impl Client {
         let deadline = tokio::time::Instant::now() + self.inner.retry_for;
         let mut backoff = Duration::from_millis(50);
         loop {
-            match f(self.current()).await {
+            // A frozen node (paused process, half-open connection) answers
+            // nothing: bound each attempt so the next seed gets its turn. The
+            // bound exceeds the server's own re-routing window (6 s).
+            let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, f(self.current())).await;
+            let result = attempt.unwrap_or_else(|_| {
+                Err(tonic::Status::unavailable(
+                    "no answer within the attempt timeout",
+                ))
+            });
+            match result {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(s)
                     if error::retryable(&s) && tokio::time::Instant::now() + backoff < deadline =>

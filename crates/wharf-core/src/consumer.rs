@@ -73,6 +73,20 @@ pub enum DeliverPolicy {
     ByStartTime(i64),
 }
 
+/// How the workers of a priority group share a consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum PriorityPolicy {
+    /// Plain round-robin over waiting pulls.
+    #[default]
+    None,
+    /// One worker (session) gets every message until it goes away; then the
+    /// next worker that pulls is pinned.
+    Pinned,
+    /// Pulls may carry thresholds: a standby pull is served only while the
+    /// consumer's pending or outstanding count reaches its threshold.
+    Overflow,
+}
+
 /// Most metadata entries on a consumer, and their sizes.
 pub const MAX_METADATA_ENTRIES: usize = 64;
 const MAX_METADATA_KEY_BYTES: usize = 256;
@@ -107,6 +121,8 @@ pub struct ConsumerConfig {
     pub pause_until_ms: i64,
     /// Free-form labels for operators.
     pub metadata: BTreeMap<String, String>,
+    /// Pinned or overflow sharing; fixed at creation.
+    pub priority_policy: PriorityPolicy,
 }
 
 impl ConsumerConfig {
@@ -223,6 +239,13 @@ impl ConsumerConfig {
                 "consumer",
                 &self.name,
                 "ack policy cannot be changed",
+            ));
+        }
+        if new.priority_policy != self.priority_policy {
+            return Err(CoreError::update(
+                "consumer",
+                &self.name,
+                "priority policy cannot be changed",
             ));
         }
         if new.deliver_policy != self.deliver_policy {

@@ -12,7 +12,9 @@
 //! Invariants:
 //! - a stream seq is planned at most once while it is in flight (proposed
 //!   but not applied), so two workers never get the same delivery;
-//! - first deliveries in flight count against MaxAckPending;
+//! - first deliveries in flight count against MaxAckPending, and at most one
+//!   proposal with first deliveries is in flight at a time (so a failed one
+//!   can never be overtaken by a later one);
 //! - pulls are served round-robin: one message to the pull at the front,
 //!   which then goes to the back if it wants more;
 //! - a pull is reported exactly once as finished (done or expired); pulls
@@ -27,7 +29,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::consumer::ConsumerState;
+use crate::consumer::{ConsumerState, PriorityPolicy};
 use crate::error::CoreError;
 use crate::stream::StreamState;
 
@@ -49,6 +51,27 @@ pub struct WaitingPull {
     pub delivered: u32,
     /// Payload bytes it may still receive, if the pull set a limit.
     pub remaining_bytes: Option<u64>,
+    /// Overflow policy: serve this pull only while the consumer has at least
+    /// this many unprocessed messages (0: no threshold).
+    pub min_pending: u64,
+    /// Overflow policy: ... or at least this many outstanding (0: no threshold).
+    pub min_ack_pending: u64,
+}
+
+/// Overflow thresholds of a pull (see [`crate::consumer::PriorityPolicy`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Unprocessed messages needed before the pull is served (0: none).
+    pub min_pending: u64,
+    /// Outstanding messages needed before the pull is served (0: none).
+    pub min_ack_pending: u64,
+}
+
+/// What a plan knows about the consumer when choosing pulls.
+struct Eligibility {
+    policy: PriorityPolicy,
+    num_pending: u64,
+    num_ack_pending: u64,
 }
 
 /// One message planned for one pull.
@@ -144,6 +167,8 @@ pub struct Dispatcher {
     inflight_new: usize,
     /// Highest stream seq planned as a first delivery (0 when none in flight).
     cursor: u64,
+    /// The session pinned under the pinned priority policy.
+    pinned: Option<SessionId>,
 }
 
 impl Dispatcher {
@@ -183,8 +208,28 @@ impl Dispatcher {
             expires_at_ms,
             delivered: 0,
             remaining_bytes: None,
+            min_pending: 0,
+            min_ack_pending: 0,
         });
         Ok(())
+    }
+
+    /// Sets the overflow thresholds of the pull just added.
+    pub fn set_thresholds(&mut self, session: SessionId, pull_id: u64, t: Thresholds) {
+        if let Some(w) = self
+            .waiting
+            .iter_mut()
+            .rev()
+            .find(|w| w.session == session && w.pull_id == pull_id)
+        {
+            w.min_pending = t.min_pending;
+            w.min_ack_pending = t.min_ack_pending;
+        }
+    }
+
+    /// The session pinned under the pinned priority policy, if any.
+    pub fn pinned(&self) -> Option<SessionId> {
+        self.pinned
     }
 
     /// [`Self::add_pull`] with a payload byte limit: the pull ends (done)
@@ -209,6 +254,9 @@ impl Dispatcher {
 
     /// Drops the session's waiting pulls; returns how many there were.
     pub fn remove_session(&mut self, session: SessionId) -> usize {
+        if self.pinned == Some(session) {
+            self.pinned = None;
+        }
         let before = self.waiting.len();
         self.waiting.retain(|w| w.session != session);
         before - self.waiting.len()
@@ -270,6 +318,25 @@ impl Dispatcher {
         if consumer.needs_start() || consumer.is_paused(now_ms) {
             return plan;
         }
+        let policy = consumer.config().priority_policy;
+        let thresholds = self
+            .waiting
+            .iter()
+            .any(|w| w.min_pending > 0 || w.min_ack_pending > 0);
+        let elig = Eligibility {
+            policy,
+            num_pending: if policy == PriorityPolicy::Overflow && thresholds {
+                let filter = consumer.config().filter_subject.as_deref();
+                stream.count_matching_after(consumer.delivered().stream_seq, filter)
+                    + consumer.backlog_len()
+            } else {
+                0
+            },
+            num_ack_pending: consumer.num_ack_pending() + self.inflight_new as u64,
+        };
+        if policy == PriorityPolicy::Pinned && self.pinned.is_none() {
+            self.pinned = self.waiting.front().map(|w| w.session);
+        }
         // Due messages: gone and exhausted ones are settled even when no pull
         // waits; the scan is bounded so a large backlog costs little.
         for seq in consumer.due_iter(now_ms).take(max_batch.saturating_mul(4)) {
@@ -293,7 +360,14 @@ impl Dispatcher {
                 continue;
             }
             let size = stream.get(seq).map_or(0, |m| m.size);
-            self.assign(&mut plan, seq, size, true);
+            self.assign(&mut plan, &elig, seq, size, true);
+        }
+        // First deliveries go out one proposal at a time: if a proposal with
+        // first deliveries failed while an older one was still in flight and
+        // then applied, the consumer's position would pass over the failed
+        // messages and never deliver them. Redeliveries may overlap freely.
+        if self.inflight_new > 0 {
+            return plan;
         }
         let mut room = consumer.ack_pending_room(self.inflight_new);
         // First deliveries of the backlog (a last-per-subject start), in order.
@@ -310,7 +384,7 @@ impl Dispatcher {
                     self.inflight.insert(seq, false);
                 }
                 Some(meta) => {
-                    if !self.assign(&mut plan, seq, meta.size, false) {
+                    if !self.assign(&mut plan, &elig, seq, meta.size, false) {
                         break;
                     }
                     room -= 1;
@@ -324,7 +398,7 @@ impl Dispatcher {
                 break;
             };
             let size = stream.get(seq).map_or(0, |m| m.size);
-            if !self.assign(&mut plan, seq, size, false) {
+            if !self.assign(&mut plan, &elig, seq, size, false) {
                 break;
             }
             self.cursor = seq;
@@ -337,16 +411,35 @@ impl Dispatcher {
     /// Gives `seq` (of `size` bytes) to the pull at the front and rotates
     /// the queue. Pulls whose byte limit it would exceed end first (done).
     /// Returns false when no waiting pull can take it.
-    fn assign(&mut self, plan: &mut Plan, seq: u64, size: u64, redelivery: bool) -> bool {
-        let mut pull = loop {
+    fn assign(
+        &mut self,
+        plan: &mut Plan,
+        elig: &Eligibility,
+        seq: u64,
+        size: u64,
+        redelivery: bool,
+    ) -> bool {
+        // Pulls the priority policy passes over keep their place in line.
+        let mut passed_over = Vec::new();
+        let found = loop {
             let Some(pull) = self.waiting.pop_front() else {
-                return false;
+                break None;
             };
             if pull.remaining_bytes.is_some_and(|b| b < size) {
                 plan.finished.push(finished_pull(&pull, PullEnd::Done));
                 continue;
             }
-            break pull;
+            if !self.eligible(&pull, elig) {
+                passed_over.push(pull);
+                continue;
+            }
+            break Some(pull);
+        };
+        for p in passed_over.into_iter().rev() {
+            self.waiting.push_front(p);
+        }
+        let Some(mut pull) = found else {
+            return false;
         };
         if let Some(b) = pull.remaining_bytes.as_mut() {
             *b -= size;
@@ -369,6 +462,20 @@ impl Dispatcher {
             plan.finished.push(finished_pull(&pull, PullEnd::Done));
         }
         true
+    }
+
+    fn eligible(&self, pull: &WaitingPull, elig: &Eligibility) -> bool {
+        match elig.policy {
+            PriorityPolicy::None => true,
+            PriorityPolicy::Pinned => self.pinned == Some(pull.session),
+            PriorityPolicy::Overflow => {
+                if pull.min_pending == 0 && pull.min_ack_pending == 0 {
+                    return true;
+                }
+                (pull.min_pending > 0 && elig.num_pending >= pull.min_pending)
+                    || (pull.min_ack_pending > 0 && elig.num_ack_pending >= pull.min_ack_pending)
+            }
+        }
     }
 
     /// The Deliver command for these seqs was applied (or failed): they are

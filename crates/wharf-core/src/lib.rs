@@ -21,9 +21,11 @@ pub mod subject;
 
 pub use consumer::{
     start_position, AckPolicy, ConsumerConfig, ConsumerState, DeliverPolicy, Delivery, Pending,
-    SeqPair,
+    PriorityPolicy, SeqPair,
 };
-pub use dispatch::{Assignment, Dispatcher, FinishedPull, Plan, PullEnd, SessionId, WaitingPull};
+pub use dispatch::{
+    Assignment, Dispatcher, FinishedPull, Plan, PullEnd, SessionId, Thresholds, WaitingPull,
+};
 pub use error::CoreError;
 pub use stream::{Appended, DiscardPolicy, MsgMeta, Purge, StreamConfig, StreamState, StreamStats};
 pub use subject::{

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use wharf_core::{
     start_position, AckPolicy, ConsumerConfig, ConsumerState, DeliverPolicy, Dispatcher,
-    FinishedPull, Plan, PullEnd, StreamConfig, StreamState,
+    FinishedPull, Plan, PriorityPolicy, PullEnd, StreamConfig, StreamState, Thresholds,
 };
 use wharf_core::{DiscardPolicy, Purge};
 
@@ -112,6 +112,10 @@ impl Harness {
                 let batch = args.need("batch")?;
                 let expires = args.take("expires")?;
                 let max_bytes = args.take("max_bytes")?.unwrap_or(0);
+                let thresholds = Thresholds {
+                    min_pending: args.take("min_pending")?.unwrap_or(0),
+                    min_ack_pending: args.take("min_ack_pending")?.unwrap_or(0),
+                };
                 let max_waiting = self.consumer()?.config().max_waiting;
                 match self.dispatcher.add_pull_with_max_bytes(
                     session,
@@ -121,7 +125,10 @@ impl Harness {
                     max_waiting,
                     max_bytes,
                 ) {
-                    Ok(()) => Ok(vec![]),
+                    Ok(()) => {
+                        self.dispatcher.set_thresholds(session, id, thresholds);
+                        Ok(vec![])
+                    }
                     Err(e) => Ok(vec![format!("error: {e}")]),
                 }
             }
@@ -315,6 +322,14 @@ impl Harness {
             };
         }
         cfg.pause_until_ms = args.take("pause_until")?.unwrap_or(cfg.pause_until_ms);
+        if let Some(p) = args.take::<String>("priority")? {
+            cfg.priority_policy = match p.as_str() {
+                "pinned" => PriorityPolicy::Pinned,
+                "overflow" => PriorityPolicy::Overflow,
+                "none" => PriorityPolicy::None,
+                other => return Err(format!("bad priority {other:?}")),
+            };
+        }
         if let Some(policy) = args.take::<String>("ack_policy")? {
             cfg.ack_policy = match policy.as_str() {
                 "explicit" => AckPolicy::Explicit,
@@ -483,6 +498,9 @@ impl Harness {
             num_pending + c.backlog_len(),
             self.dispatcher.num_waiting()
         ));
+        if let Some(pinned) = self.dispatcher.pinned() {
+            out.push(format!("pinned: session={pinned}"));
+        }
         if c.num_terminated() + c.num_exhausted() > 0 {
             out.push(format!(
                 "num_terminated={} num_exhausted={}",

@@ -30,7 +30,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 use wharf_core::consumer::{start_position, ConsumerConfig};
-use wharf_core::dispatch::{Assignment, Dispatcher, PullEnd, SessionId};
+use wharf_core::dispatch::{Assignment, Dispatcher, PullEnd, SessionId, Thresholds};
 use wharf_proto::v1 as pb;
 use wharf_raft::{Group, RaftError, Role};
 
@@ -161,7 +161,10 @@ struct Runner {
     deliver_inflight: usize,
     ack_inflight: bool,
     config_inflight: bool,
-    writes: FuturesUnordered<BoxFuture<'static, WriteDone>>,
+    writes: FuturesUnordered<BoxFuture<'static, (u64, WriteDone)>>,
+    /// Bumped by every reset: results of proposals made before it are
+    /// ignored, so they cannot disturb the new dispatcher's bookkeeping.
+    epoch: u64,
 }
 
 impl Runner {
@@ -182,6 +185,7 @@ impl Runner {
             ack_inflight: false,
             config_inflight: false,
             writes: FuturesUnordered::new(),
+            epoch: 0,
         }
     }
 
@@ -214,7 +218,11 @@ impl Runner {
                     Some(ev) => self.on_event(ev),
                     None => break,
                 },
-                Some(done) = self.writes.next(), if !self.writes.is_empty() => self.on_write_done(done),
+                Some((epoch, done)) = self.writes.next(), if !self.writes.is_empty() => {
+                    if epoch == self.epoch {
+                        self.on_write_done(done);
+                    }
+                }
                 r = status.changed() => if r.is_err() { break },
                 _ = stream_seq.changed() => {}
                 _ = changes.changed() => {}
@@ -248,6 +256,10 @@ impl Runner {
             let _ = out.try_send(Err(status));
         }
         self.heartbeats.clear();
+        self.epoch += 1;
+        self.deliver_inflight = 0;
+        self.ack_inflight = false;
+        self.config_inflight = false;
         // Waiting pulls belong to the sessions just closed.
         self.dispatcher = Dispatcher::new();
         self.no_wait.clear();
@@ -392,6 +404,11 @@ impl Runner {
         );
         match added {
             Ok(()) => {
+                let thresholds = Thresholds {
+                    min_pending: pull.min_pending,
+                    min_ack_pending: pull.min_ack_pending,
+                };
+                self.dispatcher.set_thresholds(session, pull.id, thresholds);
                 if pull.no_wait {
                     self.no_wait.insert((session, pull.id));
                 }
@@ -525,7 +542,7 @@ impl Runner {
         };
         self.config_inflight = true;
         let group = self.ctx.group.clone();
-        self.writes.push(
+        self.push_write(
             async move {
                 WriteDone::Config {
                     result: group.write(cmd).await,
@@ -607,7 +624,7 @@ impl Runner {
             let group = self.ctx.group.clone();
             let assignments = plan.assignments;
             self.deliver_inflight += 1;
-            self.writes.push(
+            self.push_write(
                 async move {
                     let result = group.write(cmd).await;
                     WriteDone::Deliver {
@@ -636,13 +653,19 @@ impl Runner {
         };
         let group = self.ctx.group.clone();
         self.ack_inflight = true;
-        self.writes.push(
+        self.push_write(
             async move {
                 let result = group.write(cmd).await;
                 WriteDone::Ack { acks, result }
             }
             .boxed(),
         );
+    }
+
+    fn push_write(&mut self, write: BoxFuture<'static, WriteDone>) {
+        let epoch = self.epoch;
+        self.writes
+            .push(write.map(move |done| (epoch, done)).boxed());
     }
 
     fn on_write_done(&mut self, done: WriteDone) {

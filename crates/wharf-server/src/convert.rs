@@ -3,7 +3,7 @@
 //! Wire defaults (0 = "the default") are resolved here by `with_defaults`, so
 //! everything past this module sees complete configurations.
 
-use wharf_core::consumer::{AckPolicy, ConsumerConfig, DeliverPolicy};
+use wharf_core::consumer::{AckPolicy, ConsumerConfig, DeliverPolicy, PriorityPolicy};
 use wharf_core::stream::{DiscardPolicy, StreamConfig};
 use wharf_proto::v1 as pb;
 
@@ -104,6 +104,17 @@ pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<Consumer
         deliver_policy,
         pause_until_ms: c.pause_until_ms.max(0),
         metadata: c.metadata.into_iter().collect(),
+        priority_policy: match pb::PriorityPolicy::try_from(c.priority_policy) {
+            Ok(pb::PriorityPolicy::PriorityNone) => PriorityPolicy::None,
+            Ok(pb::PriorityPolicy::PriorityPinned) => PriorityPolicy::Pinned,
+            Ok(pb::PriorityPolicy::PriorityOverflow) => PriorityPolicy::Overflow,
+            Err(_) => {
+                return Err(ServerError::Invalid(format!(
+                    "unknown priority policy {}",
+                    c.priority_policy
+                )))
+            }
+        },
     }
     .with_defaults();
     config.validate()?;
@@ -143,5 +154,10 @@ pub fn consumer_config_to_pb(c: &ConsumerConfig) -> pb::ConsumerConfig {
         },
         pause_until_ms: c.pause_until_ms,
         metadata: c.metadata.clone().into_iter().collect(),
+        priority_policy: match c.priority_policy {
+            PriorityPolicy::None => pb::PriorityPolicy::PriorityNone,
+            PriorityPolicy::Pinned => pb::PriorityPolicy::PriorityPinned,
+            PriorityPolicy::Overflow => pb::PriorityPolicy::PriorityOverflow,
+        } as i32,
     }
 }

@@ -21,7 +21,7 @@ pub const HOPS_HEADER: &str = "x-wharf-hops";
 /// A request may be forwarded at most this many times.
 pub const MAX_HOPS: u32 = 2;
 /// How long a call keeps re-routing while a group elects a leader.
-pub const ROUTE_DEADLINE: Duration = Duration::from_secs(10);
+pub const ROUTE_DEADLINE: Duration = Duration::from_secs(6);
 
 pub struct Peers {
     addrs: BTreeMap<NodeId, String>,

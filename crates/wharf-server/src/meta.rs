@@ -38,6 +38,8 @@ pub struct StreamEntry {
     /// The config the stream was created with: the stream group's state
     /// machine starts from it, so replaying its log gives the same state.
     pub created_config: StreamConfig,
+    /// Bumped by every `UpdateStream`; 0 for the created config.
+    pub config_revision: u64,
     pub group_id: GroupId,
     pub replicas: Vec<NodeId>,
     pub created_ms: i64,
@@ -201,6 +203,7 @@ impl Catalog {
         self.check_no_overlap(&config)?;
         let entry = self.streams.get_mut(&config.name).expect("checked above");
         entry.config = config;
+        entry.config_revision += 1;
         Ok(entry.group_id)
     }
 
@@ -224,6 +227,7 @@ impl Catalog {
             name,
             StreamEntry {
                 created_config: config.clone(),
+                config_revision: 0,
                 config,
                 group_id,
                 replicas,
@@ -328,5 +332,65 @@ impl StateMachine for MetaMachine {
         self.catalog = bincode::deserialize(data).map_err(|e| e.to_string())?;
         self.bump();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod update_stream_tests {
+    use super::*;
+
+    fn config(name: &str, subjects: &[&str]) -> StreamConfig {
+        StreamConfig {
+            name: name.into(),
+            subjects: subjects.iter().map(|s| s.to_string()).collect(),
+            ..StreamConfig::default()
+        }
+        .with_defaults()
+    }
+
+    #[test]
+    fn update_stream_is_validated_in_apply_and_bumps_the_revision() {
+        let nodes = (1..=3).map(|n| (n, format!("n{n}:1"))).collect();
+        let mut c = Catalog::new(nodes);
+        let orders = config("ORDERS", &["orders.>"]);
+        c.apply(MetaCommand::AddStream {
+            config: orders.clone(),
+            now_ms: 0,
+        })
+        .unwrap();
+        c.apply(MetaCommand::AddStream {
+            config: config("OTHER", &["other.>"]),
+            now_ms: 0,
+        })
+        .unwrap();
+        let update = |c: &mut Catalog, config: StreamConfig| {
+            c.apply(MetaCommand::UpdateStream { config })
+                .map_err(|e| e.to_string())
+        };
+
+        let unknown = update(&mut c, config("NOPE", &["nope"])).unwrap_err();
+        assert_eq!(unknown, "stream \"NOPE\" not found");
+        let overlap = update(&mut c, config("ORDERS", &["orders.>", "other.x"])).unwrap_err();
+        assert!(
+            overlap.contains("overlap with stream \"OTHER\""),
+            "{overlap}"
+        );
+        let r1 = StreamConfig {
+            replicas: 1,
+            ..orders.clone()
+        };
+        assert!(update(&mut c, r1)
+            .unwrap_err()
+            .contains("replicas cannot be changed"));
+        assert_eq!(c.streams["ORDERS"].config_revision, 0);
+
+        let edited = StreamConfig {
+            max_msgs: 5,
+            ..config("ORDERS", &["orders.>", "returns.>"])
+        };
+        update(&mut c, edited.clone()).unwrap();
+        let entry = &c.streams["ORDERS"];
+        assert_eq!((&entry.config, &entry.created_config), (&edited, &orders));
+        assert_eq!(entry.config_revision, 1);
     }
 }

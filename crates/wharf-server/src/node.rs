@@ -62,7 +62,8 @@ pub(crate) struct LocalStream {
     pub last_seq: watch::Receiver<u64>,
     pub writer: StreamWriter,
     /// The catalog's config, which the group's leader makes it apply.
-    pub desired: watch::Sender<wharf_core::stream::StreamConfig>,
+    /// (catalog revision, config) that the group's leader makes it apply.
+    pub desired: watch::Sender<(u64, wharf_core::stream::StreamConfig)>,
 }
 
 pub(crate) struct LocalConsumer {
@@ -315,8 +316,9 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             continue;
         }
         if let Some(existing) = node.local_stream(name) {
-            existing.desired.send_if_modified(|c| {
-                let changed = *c != entry.config;
+            existing.desired.send_if_modified(|(revision, c)| {
+                let changed = *revision != entry.config_revision;
+                *revision = entry.config_revision;
                 *c = entry.config.clone();
                 changed
             });
@@ -333,7 +335,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
             .await?;
         let writer = StreamWriter::spawn(group.clone());
-        let (desired, desired_rx) = watch::channel(entry.config.clone());
+        let (desired, desired_rx) = watch::channel((entry.config_revision, entry.config.clone()));
         crate::stream_runtime::spawn(group.clone(), sm.clone(), desired_rx);
         let local = LocalStream {
             group_id: entry.group_id,

@@ -43,21 +43,19 @@ pub enum StreamCommand {
         items: Vec<PublishItem>,
     },
     /// Remove messages older than max age.
-    Expire {
-        now_ms: i64,
-    },
+    Expire { now_ms: i64 },
+    /// Apply the catalog's config with this revision; an entry whose
+    /// revision is not newer than the applied one is ignored, so a leader
+    /// whose catalog lags cannot bring an old config back.
     UpdateConfig {
         config: StreamConfig,
+        revision: u64,
         now_ms: i64,
     },
     /// Remove what `purge` selects; answers the number removed.
-    Purge {
-        purge: Purge,
-    },
+    Purge { purge: Purge },
     /// Remove one message; answers 1, or NotFound.
-    DeleteMsg {
-        seq: u64,
-    },
+    DeleteMsg { seq: u64 },
 }
 
 /// Where a publish landed: a new sequence, or (`duplicate`) the original
@@ -85,11 +83,14 @@ pub struct StoredMessage {
 #[derive(Serialize, Deserialize)]
 struct Snapshot {
     state: StreamState,
+    config_revision: u64,
     messages: Vec<(u64, StoredMessage)>,
 }
 
 pub struct StreamMachine {
     state: StreamState,
+    /// Catalog revision of the applied config (0: the created config).
+    config_revision: u64,
     tree: sled::Tree,
     last_seq: watch::Sender<u64>,
 }
@@ -100,6 +101,7 @@ impl StreamMachine {
         (
             StreamMachine {
                 state: StreamState::new(config),
+                config_revision: 0,
                 tree,
                 last_seq: tx,
             },
@@ -109,6 +111,11 @@ impl StreamMachine {
 
     pub fn state(&self) -> &StreamState {
         &self.state
+    }
+
+    /// Catalog revision of the config the stream applies.
+    pub fn config_revision(&self) -> u64 {
+        self.config_revision
     }
 
     fn publish(&mut self, now_ms: i64, items: Vec<PublishItem>) -> PublishResults {
@@ -195,13 +202,22 @@ impl StateMachine for StreamMachine {
                 self.remove(removed);
                 bincode::serialize(&Batch::Ok(Vec::new()))
             }
-            StreamCommand::UpdateConfig { config, now_ms } => {
-                let r: Batch = match self.state.update_config(config, now_ms) {
-                    Ok(removed) => {
-                        self.remove(removed);
-                        Ok(Vec::new())
+            StreamCommand::UpdateConfig {
+                config,
+                revision,
+                now_ms,
+            } => {
+                let r: Batch = if revision <= self.config_revision {
+                    Ok(Vec::new())
+                } else {
+                    match self.state.update_config(config, now_ms) {
+                        Ok(removed) => {
+                            self.config_revision = revision;
+                            self.remove(removed);
+                            Ok(Vec::new())
+                        }
+                        Err(e) => Err(e.into()),
                     }
-                    Err(e) => Err(e.into()),
                 };
                 bincode::serialize(&r)
             }
@@ -232,6 +248,7 @@ impl StateMachine for StreamMachine {
         }
         bincode::serialize(&Snapshot {
             state: self.state.clone(),
+            config_revision: self.config_revision,
             messages,
         })
         .map_err(|e| e.to_string())
@@ -249,6 +266,7 @@ impl StateMachine for StreamMachine {
         }
         self.tree.apply_batch(batch).map_err(|e| e.to_string())?;
         self.state = snap.state;
+        self.config_revision = snap.config_revision;
         self.last_seq.send_replace(self.state.stats().last_seq);
         Ok(())
     }

@@ -40,6 +40,13 @@ pub enum Command {
     /// Cluster state.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Probe one node's gRPC health (the first --server address); exit 0 when
+    /// SERVING. For container health checks: `wharf health --server 127.0.0.1:7001`.
+    Health {
+        /// `ready` (joined and caught up) or `live` (the process answers).
+        #[arg(long, default_value = "ready", value_parser = ["ready", "live"])]
+        service: String,
+    },
     /// Load the cluster and report throughput and latency percentiles.
     Bench(crate::bench::BenchArgs),
 }
@@ -314,6 +321,12 @@ pub struct ConsumerAddArgs {
     /// e.g. 2026-05-22T10:14:00Z).
     #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
     pub start_time: Option<std::time::SystemTime>,
+    /// Share among workers as: none (round-robin), pinned (one worker gets
+    /// everything until it disconnects, then another is pinned) or overflow
+    /// (standby workers pulling with --min-pending/--min-ack-pending get
+    /// messages only while the backlog exceeds their threshold).
+    #[arg(long, default_value = "none", value_parser = ["none", "pinned", "overflow"])]
+    pub priority: String,
     /// Labels for operators, key=value; repeat for more.
     #[arg(long = "metadata", value_parser = parse_key_value)]
     pub metadata: Vec<(String, String)>,
@@ -385,6 +398,12 @@ pub struct NextArgs {
     /// Stop the batch before its payloads exceed this many bytes.
     #[arg(long, default_value_t = 0)]
     pub max_bytes: u64,
+    /// Overflow consumers: only take messages while at least this many are unprocessed.
+    #[arg(long, default_value_t = 0)]
+    pub min_pending: u64,
+    /// Overflow consumers: only take messages while at least this many are outstanding.
+    #[arg(long, default_value_t = 0)]
+    pub min_ack_pending: u64,
     /// How long to wait for messages.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub wait: std::time::Duration,

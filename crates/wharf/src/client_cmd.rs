@@ -47,7 +47,7 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
             }
             Ok(())
         }
-        Command::Server(_) | Command::Dev(_) | Command::Bench(_) => {
+        Command::Server(_) | Command::Dev(_) | Command::Bench(_) | Command::Health { .. } => {
             unreachable!("handled in main")
         }
     }
@@ -186,6 +186,11 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
                 opt_start_seq,
                 opt_start_time_ms,
                 metadata: a.metadata.into_iter().collect(),
+                priority_policy: match a.priority.as_str() {
+                    "pinned" => pb::PriorityPolicy::PriorityPinned,
+                    "overflow" => pb::PriorityPolicy::PriorityOverflow,
+                    _ => pb::PriorityPolicy::PriorityNone,
+                } as i32,
                 pause_until_ms: 0,
                 ack_wait_ms: ms(a.ack_wait)?,
                 max_ack_pending: a.max_pending,
@@ -295,7 +300,8 @@ async fn next(client: &Client, args: NextArgs) -> Result<()> {
     }
     let mut consumer = client
         .consumer(&args.stream, &args.name)
-        .with_max_bytes(args.max_bytes);
+        .with_max_bytes(args.max_bytes)
+        .with_overflow(args.min_pending, args.min_ack_pending);
     let messages = consumer.fetch(args.count, args.wait).await?;
     if messages.is_empty() {
         bail!(

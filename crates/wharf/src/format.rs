@@ -306,6 +306,11 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
             "opt_start_time": (c.opt_start_time_ms != 0).then(|| time(c.opt_start_time_ms)),
             "pause_until": (c.pause_until_ms != 0).then(|| time(c.pause_until_ms)),
             "metadata": c.metadata,
+            "priority_policy": match pb::PriorityPolicy::try_from(c.priority_policy) {
+                Ok(pb::PriorityPolicy::PriorityPinned) => "pinned_client",
+                Ok(pb::PriorityPolicy::PriorityOverflow) => "overflow",
+                _ => "none",
+            },
             "ack_policy": ack_policy_name(c.ack_policy).to_lowercase(),
             "max_deliver": c.max_deliver,
             "backoff": c.backoff_ms.iter().map(|ms| ms.saturating_mul(1_000_000)).collect::<Vec<_>>(),
@@ -361,6 +366,15 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
                 c.redeliver_on_disconnect.to_string(),
             ),
             ("Deliver Policy", deliver_policy_text(&c)),
+            (
+                "Priority Policy",
+                match pb::PriorityPolicy::try_from(c.priority_policy) {
+                    Ok(pb::PriorityPolicy::PriorityPinned) => "Pinned",
+                    Ok(pb::PriorityPolicy::PriorityOverflow) => "Overflow",
+                    _ => "None",
+                }
+                .into(),
+            ),
         ],
     );
     if !c.metadata.is_empty() {

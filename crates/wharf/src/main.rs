@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         match cli.command {
             cli::Command::Server(args) => server_cmd::server(args).await,
             cli::Command::Dev(args) => server_cmd::dev(args).await,
+            cli::Command::Health { service } => server_cmd::health(&cli.server, &service).await,
             cli::Command::Bench(args) => bench::run(&cli.server, cli.retry_for, args).await,
             command => client_cmd::run(&cli.server, cli.retry_for, command).await,
         }

@@ -79,3 +79,33 @@ pub async fn dev(args: DevArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// Ask the first server of `servers` for the health of `service`.
+pub async fn health(servers: &str, service: &str) -> Result<()> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let addr = servers.split(',').next().unwrap_or_default().trim();
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .timeout(std::time::Duration::from_secs(3));
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("{addr}: {e}"))?;
+    let req = HealthCheckRequest {
+        service: service.to_string(),
+    };
+    let status = HealthClient::new(channel)
+        .check(req)
+        .await?
+        .into_inner()
+        .status;
+    if status == ServingStatus::Serving as i32 {
+        println!("{addr}: {service} SERVING");
+        Ok(())
+    } else {
+        anyhow::bail!("{addr}: {service} NOT_SERVING")
+    }
+}

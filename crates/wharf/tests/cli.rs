@@ -86,4 +86,6 @@ fn unreachable_cluster_is_an_error_not_a_hang() {
     let out = wharf(&["--server", &server, "--retry-for", "1s", "stream", "ls"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).starts_with("error: "), "{}", stderr(&out));
+    let out = wharf(&["--server", &server, "health"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
