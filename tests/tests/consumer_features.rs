@@ -161,3 +161,86 @@ async fn pull_byte_limit_heartbeats_and_deleted_consumer_status() -> anyhow::Res
 fn tonic_code_not_found() -> wharf_client::Code {
     wharf_client::Code::NotFound
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_filters_and_inactive_threshold() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    json(&cluster.wharf(&[
+        "stream",
+        "add",
+        "ORDERS",
+        "--subjects",
+        "orders.>",
+        "--json",
+    ]))?;
+    for (subject, payload) in [
+        ("orders.created", "c"),
+        ("orders.shipped", "s"),
+        ("orders.cancelled", "x"),
+    ] {
+        assert!(cluster.wharf(&["pub", subject, payload]).status.success());
+    }
+    let info = json(&cluster.wharf(&[
+        "consumer",
+        "add",
+        "ORDERS",
+        "ops",
+        "--filter",
+        "orders.shipped",
+        "--filter",
+        "orders.cancelled",
+        "--json",
+    ]))?;
+    assert_eq!(info["num_pending"], 2);
+    let out = cluster.wharf(&[
+        "consumer", "next", "ORDERS", "ops", "--count", "5", "--wait", "1s", "--json",
+    ]);
+    assert_eq!(payloads(&out), vec!["s", "x"]);
+    let out = cluster.wharf(&[
+        "consumer",
+        "add",
+        "ORDERS",
+        "bad",
+        "--filter",
+        "orders.*",
+        "--filter",
+        "orders.shipped",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("overlap"), "{}", stderr(&out));
+
+    // A consumer nobody pulls from goes away after its inactive threshold;
+    // one that is being pulled from stays.
+    json(&cluster.wharf(&[
+        "consumer",
+        "add",
+        "ORDERS",
+        "idle",
+        "--inactive-threshold",
+        "2s",
+        "--json",
+    ]))?;
+    json(&cluster.wharf(&[
+        "consumer",
+        "add",
+        "ORDERS",
+        "busy",
+        "--inactive-threshold",
+        "2s",
+        "--json",
+    ]))?;
+    let busy = cluster.wharf_spawn(&[
+        "consumer", "next", "ORDERS", "busy", "--count", "100", "--wait", "8s",
+    ]);
+    let gone =
+        wharf_tests::eventually("idle consumer deleted", Duration::from_secs(20), || async {
+            let out = cluster.wharf(&["consumer", "info", "ORDERS", "idle"]);
+            (out.status.code() == Some(1) && stderr(&out).contains("not found")).then_some(())
+        })
+        .await;
+    let still = cluster.wharf(&["consumer", "info", "ORDERS", "busy", "--json"]);
+    let _ = busy.wait_with_output();
+    gone?;
+    json(&still)?;
+    Ok(())
+}

@@ -123,6 +123,12 @@ pub struct ConsumerConfig {
     pub metadata: BTreeMap<String, String>,
     /// Pinned or overflow sharing; fixed at creation.
     pub priority_policy: PriorityPolicy,
+    /// More filters: the consumer delivers messages matching any of these or
+    /// `filter_subject`. They may not overlap.
+    pub filter_subjects: Vec<String>,
+    /// The consumer is deleted when no worker has pulled for this long
+    /// (0: never). Enforced by the leader, which proposes the deletion.
+    pub inactive_threshold_ms: u64,
 }
 
 impl ConsumerConfig {
@@ -149,11 +155,64 @@ impl ConsumerConfig {
         self
     }
 
+    /// Every filter of the consumer; empty means every subject of the stream.
+    pub fn filters(&self) -> Vec<&str> {
+        self.filter_subject
+            .iter()
+            .chain(self.filter_subjects.iter())
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Whether `subject` is one the consumer delivers.
+    pub fn matches(&self, subject: &str) -> bool {
+        let filters = self.filters();
+        filters.is_empty()
+            || filters
+                .iter()
+                .any(|f| crate::subject::subject_matches(f, subject))
+    }
+
+    /// First stored sequence after `after_seq` the consumer delivers.
+    pub fn next_matching(&self, stream: &StreamState, after_seq: u64) -> Option<u64> {
+        let filters = self.filters();
+        if filters.is_empty() {
+            return stream.next_matching(after_seq, None);
+        }
+        filters
+            .iter()
+            .filter_map(|f| stream.next_matching(after_seq, Some(f)))
+            .min()
+    }
+
+    /// How many stored messages after `after_seq` the consumer delivers
+    /// (its filters do not overlap, so the counts add up).
+    pub fn count_matching_after(&self, stream: &StreamState, after_seq: u64) -> u64 {
+        let filters = self.filters();
+        if filters.is_empty() {
+            return stream.count_matching_after(after_seq, None);
+        }
+        filters
+            .iter()
+            .map(|f| stream.count_matching_after(after_seq, Some(f)))
+            .sum()
+    }
+
     /// Checks the configuration (call after [`Self::with_defaults`]).
     pub fn validate(&self) -> Result<(), CoreError> {
         validate_name("consumer", &self.name)?;
-        if let Some(filter) = &self.filter_subject {
-            validate_filter(filter)?;
+        let filters = self.filters();
+        for (i, f) in filters.iter().enumerate() {
+            validate_filter(f)?;
+            if let Some(other) = filters[i + 1..]
+                .iter()
+                .find(|o| crate::subject::filters_overlap(f, o))
+            {
+                return Err(CoreError::config(
+                    "consumer",
+                    format!("filter subjects {f:?} and {other:?} overlap"),
+                ));
+            }
         }
         if self.ack_wait_ms == 0 {
             return Err(CoreError::config(
@@ -227,7 +286,8 @@ impl ConsumerConfig {
                 format!("the name cannot be changed (to {:?})", new.name),
             ));
         }
-        if new.filter_subject != self.filter_subject {
+        if new.filter_subject != self.filter_subject || new.filter_subjects != self.filter_subjects
+        {
             return Err(CoreError::update(
                 "consumer",
                 &self.name,
@@ -297,12 +357,11 @@ pub struct Delivery {
 /// Called by the leader; the answer is replicated with
 /// [`ConsumerState::apply_start`].
 pub fn start_position(config: &ConsumerConfig, stream: &StreamState) -> (u64, Vec<u64>) {
-    let filter = config.filter_subject.as_deref();
     let last_seq = stream.stats().last_seq;
     let matching = || {
         let mut after = 0;
         std::iter::from_fn(move || {
-            let seq = stream.next_matching(after, filter)?;
+            let seq = config.next_matching(stream, after)?;
             after = seq;
             Some(seq)
         })

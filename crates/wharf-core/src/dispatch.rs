@@ -326,8 +326,9 @@ impl Dispatcher {
         let elig = Eligibility {
             policy,
             num_pending: if policy == PriorityPolicy::Overflow && thresholds {
-                let filter = consumer.config().filter_subject.as_deref();
-                stream.count_matching_after(consumer.delivered().stream_seq, filter)
+                consumer
+                    .config()
+                    .count_matching_after(stream, consumer.delivered().stream_seq)
                     + consumer.backlog_len()
             } else {
                 0
@@ -391,10 +392,9 @@ impl Dispatcher {
                 }
             }
         }
-        let filter = consumer.config().filter_subject.as_deref();
         let mut after = self.cursor.max(consumer.delivered().stream_seq);
         while room > 0 && !self.waiting.is_empty() && plan.assignments.len() < max_batch {
-            let Some(seq) = stream.next_matching(after, filter) else {
+            let Some(seq) = consumer.config().next_matching(stream, after) else {
                 break;
             };
             let size = stream.get(seq).map_or(0, |m| m.size);

@@ -322,6 +322,9 @@ impl Harness {
             };
         }
         cfg.pause_until_ms = args.take("pause_until")?.unwrap_or(cfg.pause_until_ms);
+        if let Some(filters) = args.take::<String>("filters")? {
+            cfg.filter_subjects = filters.split(',').map(str::to_string).collect();
+        }
         if let Some(p) = args.take::<String>("priority")? {
             cfg.priority_policy = match p.as_str() {
                 "pinned" => PriorityPolicy::Pinned,

@@ -20,7 +20,7 @@
 //! Left out: redelivery on disconnect, priority groups, MaxDeliver (issue 3).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -81,14 +81,23 @@ pub struct ConsumerRuntime {
     tx: mpsc::Sender<Event>,
     /// Pulls waiting on this node, for consumer info.
     pub num_waiting: Arc<AtomicU64>,
+    /// When a worker last pulled (or this node became leader), ms since the
+    /// epoch: the inactive threshold counts from here.
+    pub last_active_ms: Arc<AtomicI64>,
 }
 
 impl ConsumerRuntime {
     pub fn spawn(ctx: RuntimeContext) -> Self {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let num_waiting = Arc::new(AtomicU64::new(0));
-        tokio::spawn(Runner::new(ctx, num_waiting.clone()).run(rx));
-        ConsumerRuntime { tx, num_waiting }
+        let last_active_ms = Arc::new(AtomicI64::new(now_ms()));
+        let runner = Runner::new(ctx, num_waiting.clone(), last_active_ms.clone());
+        tokio::spawn(runner.run(rx));
+        ConsumerRuntime {
+            tx,
+            num_waiting,
+            last_active_ms,
+        }
     }
 
     pub async fn send(&self, event: Event) -> Result<(), ServerError> {
@@ -143,6 +152,7 @@ type PullKey = (SessionId, u64);
 struct Runner {
     ctx: RuntimeContext,
     num_waiting: Arc<AtomicU64>,
+    last_active_ms: Arc<AtomicI64>,
     leader: bool,
     dispatcher: Dispatcher,
     sessions: HashMap<SessionId, Outbox>,
@@ -168,10 +178,15 @@ struct Runner {
 }
 
 impl Runner {
-    fn new(ctx: RuntimeContext, num_waiting: Arc<AtomicU64>) -> Self {
+    fn new(
+        ctx: RuntimeContext,
+        num_waiting: Arc<AtomicU64>,
+        last_active_ms: Arc<AtomicI64>,
+    ) -> Self {
         Runner {
             ctx,
             num_waiting,
+            last_active_ms,
             leader: false,
             dispatcher: Dispatcher::new(),
             sessions: HashMap::new(),
@@ -198,6 +213,7 @@ impl Runner {
             let is_leader = status.borrow_and_update().role == Role::Leader;
             if is_leader != self.leader {
                 self.leader = is_leader;
+                self.last_active_ms.store(now_ms(), Ordering::Relaxed);
                 self.reset("leadership changed", pb::pull_status::Code::LeaderChanged);
             }
             if self.leader {
@@ -314,7 +330,10 @@ impl Runner {
                 }
                 self.sessions.insert(session, out);
             }
-            Event::Pull { session, pull } => self.on_pull(session, pull),
+            Event::Pull { session, pull } => {
+                self.last_active_ms.store(now_ms(), Ordering::Relaxed);
+                self.on_pull(session, pull)
+            }
             Event::Ack(ack) => {
                 if self.leader && self.acks.len() < MAX_ACK_BATCH * 16 {
                     if ack.kind != AckKind::InProgress {

@@ -104,6 +104,8 @@ pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<Consumer
         deliver_policy,
         pause_until_ms: c.pause_until_ms.max(0),
         metadata: c.metadata.into_iter().collect(),
+        filter_subjects: c.filter_subjects,
+        inactive_threshold_ms: c.inactive_threshold_ms,
         priority_policy: match pb::PriorityPolicy::try_from(c.priority_policy) {
             Ok(pb::PriorityPolicy::PriorityNone) => PriorityPolicy::None,
             Ok(pb::PriorityPolicy::PriorityPinned) => PriorityPolicy::Pinned,
@@ -154,6 +156,8 @@ pub fn consumer_config_to_pb(c: &ConsumerConfig) -> pb::ConsumerConfig {
         },
         pause_until_ms: c.pause_until_ms,
         metadata: c.metadata.clone().into_iter().collect(),
+        filter_subjects: c.filter_subjects.clone(),
+        inactive_threshold_ms: c.inactive_threshold_ms,
         priority_policy: match c.priority_policy {
             PriorityPolicy::None => pb::PriorityPolicy::PriorityNone,
             PriorityPolicy::Pinned => pb::PriorityPolicy::PriorityPinned,

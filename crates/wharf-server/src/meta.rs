@@ -245,7 +245,7 @@ impl Catalog {
     ) -> MetaResponse {
         config.validate()?;
         let stream_entry = self.stream(&stream)?;
-        if let Some(filter) = &config.filter_subject {
+        for filter in config.filters() {
             let bound = stream_entry
                 .config
                 .subjects

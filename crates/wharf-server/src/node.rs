@@ -247,6 +247,9 @@ async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool
         if let Err(e) = reconcile(&node).await {
             tracing::warn!("reconcile: {e}");
         }
+        if let Err(e) = delete_inactive_consumers(&node).await {
+            tracing::warn!("inactive consumers: {e}");
+        }
         tokio::select! {
             _ = version.changed() => {}
             // Also retry periodically: a group that failed to start gets another go.
@@ -254,6 +257,55 @@ async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// Consumers led here with an inactive threshold that nobody has pulled from
+/// for that long are deleted through the catalog, like `consumer rm`.
+async fn delete_inactive_consumers(node: &Arc<NodeInner>) -> Result<()> {
+    let now = crate::util::now_ms();
+    let expired: Vec<(String, String)> = {
+        let local = node
+            .local
+            .lock()
+            .map_err(|_| ServerError::Internal("poisoned".into()))?;
+        local
+            .consumers
+            .iter()
+            .filter(|(_, c)| c.group.status().role == Role::Leader)
+            .filter(|(_, c)| {
+                c.runtime
+                    .num_waiting
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == 0
+            })
+            .filter(|(_, c)| {
+                let threshold =
+                    c.sm.lock()
+                        .map(|s| s.state().config().inactive_threshold_ms)
+                        .unwrap_or(0);
+                let idle = now
+                    - c.runtime
+                        .last_active_ms
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                threshold > 0 && idle >= i64::try_from(threshold).unwrap_or(i64::MAX)
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    for (stream, name) in expired {
+        tracing::info!(%stream, consumer = %name, "deleting consumer past its inactive threshold");
+        match node.route_meta().await? {
+            crate::routing::Route::Local => {
+                let cmd = crate::meta::MetaCommand::DeleteConsumer { stream, name };
+                node.meta_write(cmd).await?;
+            }
+            crate::routing::Route::Remote(n) => {
+                let req = wharf_proto::v1::DeleteConsumerRequest { stream, name };
+                node.peers.client(n)?.delete_consumer(req).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn members(catalog: &Catalog, replicas: &[NodeId]) -> BTreeMap<NodeId, String> {

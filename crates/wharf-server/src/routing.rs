@@ -286,10 +286,10 @@ impl NodeInner {
                     .sm
                     .lock()
                     .map(|s| {
-                        s.state().count_matching_after(
-                            delivered.stream_seq,
-                            state.config().filter_subject.as_deref(),
-                        ) + state.backlog_len()
+                        state
+                            .config()
+                            .count_matching_after(s.state(), delivered.stream_seq)
+                            + state.backlog_len()
                     })
                     .map_err(|_| poisoned())?;
                 Ok(pb::ConsumerInfo {

@@ -280,9 +280,13 @@ pub enum ConsumerCmd {
 pub struct ConsumerAddArgs {
     pub stream: String,
     pub name: String,
-    /// Only deliver messages whose subject matches this filter.
+    /// Only deliver messages whose subject matches this filter (wildcards *
+    /// and > allowed). Repeat for several; they may not overlap.
     #[arg(long)]
-    pub filter: Option<String>,
+    pub filter: Vec<String>,
+    /// Delete the consumer after nobody has pulled from it for this long.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub inactive_threshold: Option<std::time::Duration>,
     /// How long a delivered message may stay unacked before it goes to another worker.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: std::time::Duration,

@@ -181,7 +181,9 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
                 };
             let config = pb::ConsumerConfig {
                 name: a.name,
-                filter_subject: a.filter.unwrap_or_default(),
+                filter_subject: a.filter.first().cloned().unwrap_or_default(),
+                filter_subjects: a.filter.iter().skip(1).cloned().collect(),
+                inactive_threshold_ms: a.inactive_threshold.map(ms).transpose()?.unwrap_or(0),
                 deliver_policy: deliver_policy as i32,
                 opt_start_seq,
                 opt_start_time_ms,

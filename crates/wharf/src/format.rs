@@ -306,6 +306,8 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
             "opt_start_time": (c.opt_start_time_ms != 0).then(|| time(c.opt_start_time_ms)),
             "pause_until": (c.pause_until_ms != 0).then(|| time(c.pause_until_ms)),
             "metadata": c.metadata,
+            "filter_subjects": c.filter_subjects,
+            "inactive_threshold": c.inactive_threshold_ms.saturating_mul(1_000_000),
             "priority_policy": match pb::PriorityPolicy::try_from(c.priority_policy) {
                 Ok(pb::PriorityPolicy::PriorityPinned) => "pinned_client",
                 Ok(pb::PriorityPolicy::PriorityOverflow) => "overflow",
@@ -344,10 +346,14 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
         info.name,
         time(info.created_ms)
     );
-    let filter = if c.filter_subject.is_empty() {
-        "(all subjects)".into()
+    let filters: Vec<String> = std::iter::once(c.filter_subject.clone())
+        .filter(|f| !f.is_empty())
+        .chain(c.filter_subjects.iter().cloned())
+        .collect();
+    let filter = if filters.is_empty() {
+        "(all subjects)".to_string()
     } else {
-        c.filter_subject.clone()
+        filters.join(", ")
     };
     out += &rows(
         "Configuration",
