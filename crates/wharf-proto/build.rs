@@ -1,7 +1,10 @@
 //! Generates the gRPC code with a vendored protoc, so a build needs only cargo.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read at run time: a build script binary may be reused from a checkout
+    // at another path (same target dir), so a compile-time path could be stale.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR")?;
+    let proto_dir = std::path::Path::new(&manifest_dir).join("../../proto");
     let files = [
         proto_dir.join("wharf/v1/wharf.proto"),
         proto_dir.join("wharf/v1/raft.proto"),

@@ -199,7 +199,7 @@ pub async fn poll_leaders(
     let mut round = 0u64;
     while !stop.load(Ordering::SeqCst) {
         round += 1;
-        let sample = round % 4 == 0;
+        let sample = round.is_multiple_of(4);
         let views = futures::future::join_all(
             clients
                 .iter()
