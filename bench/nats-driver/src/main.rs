@@ -20,6 +20,7 @@ mod args;
 #[path = "../../../crates/wharf/src/bench/report.rs"]
 mod report;
 
+use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -147,11 +148,13 @@ async fn bench(addrs: &[String], args: BenchArgs) -> Result<()> {
         }
     }
     let report = outcome?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    let text = if args.json {
+        serde_json::to_string_pretty(&report.to_json())?
     } else {
-        println!("{}", report.to_text());
-    }
+        report.to_text()
+    };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = writeln!(std::io::stdout(), "{text}");
     Ok(())
 }
 

@@ -49,6 +49,9 @@ pub struct StreamEntry {
 pub struct ConsumerEntry {
     pub stream: String,
     pub config: ConsumerConfig,
+    /// The configuration at creation: a consumer group replays its log from
+    /// this one, and later edits arrive as entries of that log.
+    pub created_config: ConsumerConfig,
     pub group_id: GroupId,
     pub replicas: Vec<NodeId>,
     pub created_ms: i64,
@@ -274,6 +277,7 @@ impl Catalog {
             key,
             ConsumerEntry {
                 stream,
+                created_config: config.clone(),
                 config,
                 group_id,
                 replicas,

@@ -419,7 +419,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         let Some(stream) = node.local_stream(&entry.stream) else {
             continue;
         };
-        let (machine, changes) = ConsumerMachine::new(entry.config.clone());
+        let (machine, changes) = ConsumerMachine::new(entry.created_config.clone());
         let sm = Arc::new(Mutex::new(machine));
         let shared: SharedStateMachine = sm.clone();
         let group = node

@@ -23,6 +23,7 @@
 mod args;
 mod report;
 
+use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,11 +66,13 @@ pub async fn run(servers: &str, retry_for: Duration, args: BenchArgs) -> Result<
         }
     }
     let report = outcome?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    let text = if args.json {
+        serde_json::to_string_pretty(&report.to_json())?
     } else {
-        println!("{}", report.to_text());
-    }
+        report.to_text()
+    };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = writeln!(std::io::stdout(), "{text}");
     Ok(())
 }
 
