@@ -32,8 +32,10 @@ pub use error::{ClientError, Result};
 pub use tonic::Code;
 pub use wharf_proto::v1 as proto;
 
-/// Longest one attempt of a unary call may take before the next seed is tried.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(8);
+/// Longest one attempt of a publish or read may take before the next seed is tried.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(4);
+/// The same for admin calls, which wait for groups to start or move.
+const ADMIN_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// The dev cluster's addresses, the default for every client.
 pub const DEFAULT_SERVERS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
@@ -111,7 +113,24 @@ impl Client {
     }
 
     /// Run a unary call, moving across seeds while the failure is transient.
-    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnMut(WharfClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call_within(ATTEMPT_TIMEOUT, f).await
+    }
+
+    /// [`Self::call`] for admin calls, which may wait for groups to start or move.
+    async fn call_admin<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnMut(WharfClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call_within(ADMIN_ATTEMPT_TIMEOUT, f).await
+    }
+
+    async fn call_within<T, F, Fut>(&self, attempt_timeout: Duration, mut f: F) -> Result<T>
     where
         F: FnMut(WharfClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
@@ -120,9 +139,8 @@ impl Client {
         let mut backoff = Duration::from_millis(50);
         loop {
             // A frozen node (paused process, half-open connection) answers
-            // nothing: bound each attempt so the next seed gets its turn. The
-            // bound exceeds the server's own re-routing window (6 s).
-            let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, f(self.current())).await;
+            // nothing: bound each attempt so the next seed gets its turn.
+            let attempt = tokio::time::timeout(attempt_timeout, f(self.current())).await;
             let result = attempt.unwrap_or_else(|_| {
                 Err(tonic::Status::unavailable(
                     "no answer within the attempt timeout",
@@ -147,7 +165,7 @@ impl Client {
         let req = pb::AddStreamRequest {
             config: Some(config),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.add_stream(req).await }
         })
@@ -185,7 +203,7 @@ impl Client {
         let req = pb::AddStreamRequest {
             config: Some(config),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.update_stream(req).await }
         })
@@ -208,7 +226,7 @@ impl Client {
             keep,
             seq,
         };
-        let r = self.call(|mut c| {
+        let r = self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.purge_stream(req).await }
         });
@@ -234,7 +252,7 @@ impl Client {
             stream: stream.to_string(),
             seq,
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.delete_message(req).await }
         })
@@ -266,7 +284,7 @@ impl Client {
             stream: stream.to_string(),
             consumer: consumer.unwrap_or_default().to_string(),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.step_down(req).await }
         })
@@ -274,7 +292,8 @@ impl Client {
     }
 
     pub async fn list_streams(&self) -> Result<Vec<pb::StreamInfo>> {
-        let r = self.call(|mut c| async move { c.list_streams(pb::ListStreamsRequest {}).await });
+        let r =
+            self.call_admin(|mut c| async move { c.list_streams(pb::ListStreamsRequest {}).await });
         Ok(r.await?.streams)
     }
 
@@ -282,7 +301,7 @@ impl Client {
         let req = pb::DeleteStreamRequest {
             name: name.to_string(),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.delete_stream(req).await }
         })
@@ -340,7 +359,7 @@ impl Client {
             stream: stream.to_string(),
             config: Some(config),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.add_consumer(req).await }
         })
@@ -356,7 +375,7 @@ impl Client {
             stream: stream.to_string(),
             config: Some(config),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.update_consumer(req).await }
         })
@@ -379,7 +398,7 @@ impl Client {
         let req = pb::ListConsumersRequest {
             stream: stream.to_string(),
         };
-        let r = self.call(|mut c| {
+        let r = self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.list_consumers(req).await }
         });
@@ -391,7 +410,7 @@ impl Client {
             stream: stream.to_string(),
             name: name.to_string(),
         };
-        self.call(|mut c| {
+        self.call_admin(|mut c| {
             let req = req.clone();
             async move { c.delete_consumer(req).await }
         })

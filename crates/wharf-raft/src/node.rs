@@ -100,6 +100,10 @@ fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
     };
     // See the module docs for why.
     c.enable_leader_restore = Some(false);
+    // A node that was cut off (paused, partitioned) must not depose a healthy
+    // leader when it comes back: it asks first whether it could win (the
+    // chaos harness saw a paused follower force a needless election).
+    c.enable_pre_vote = Some(true);
     c.validate().map_err(|e| RaftError::Config(e.to_string()))
 }
 

@@ -75,8 +75,29 @@ pub fn hops<T>(req: &tonic::Request<T>) -> u32 {
         .unwrap_or(0)
 }
 
-/// A request to send to a peer, one hop further than the one being served.
+/// How long a forwarded read, publish or pull-session open may wait for the
+/// peer's answer: a frozen peer (paused process, half-open connection) must
+/// not hold the call until keep-alive gives up; the caller re-routes instead.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
+/// The same for admin calls, which wait for groups to start or move.
+pub const FORWARD_ADMIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A request to send to a peer, one hop further than the one being served,
+/// with a deadline of [`FORWARD_TIMEOUT`] (enforced by the channel).
 pub fn onward<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
+    let mut req = onward_unbounded(msg, hops)?;
+    req.set_timeout(FORWARD_TIMEOUT);
+    Ok(req)
+}
+
+/// [`onward`] for admin calls, with [`FORWARD_ADMIN_TIMEOUT`].
+pub fn onward_admin<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
+    let mut req = onward_unbounded(msg, hops)?;
+    req.set_timeout(FORWARD_ADMIN_TIMEOUT);
+    Ok(req)
+}
+
+fn onward_unbounded<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
     if hops >= MAX_HOPS {
         return Err(ServerError::Unavailable(
             "request forwarded too many times: leadership is moving; retry".into(),

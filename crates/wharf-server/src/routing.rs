@@ -13,7 +13,7 @@ use wharf_raft::{Group, NodeId};
 
 use crate::convert::{consumer_config_to_pb, stream_config_to_pb};
 use crate::error::{Result, ServerError};
-use crate::forward::onward;
+use crate::forward::{onward, onward_admin};
 use crate::meta::{ConsumerEntry, MetaCommand, MetaResponse, StreamEntry};
 use crate::node::NodeInner;
 use crate::util::now_ms;
@@ -227,7 +227,7 @@ impl NodeInner {
             Route::Remote(n) => Ok(self
                 .peers
                 .client(n)?
-                .step_down(onward(req, hops)?)
+                .step_down(onward_admin(req, hops)?)
                 .await?
                 .into_inner()),
             Route::Local => {

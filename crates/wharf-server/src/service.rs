@@ -23,7 +23,7 @@ use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX
 use crate::consumer_sm::AckKind;
 use crate::convert::{consumer_config_from_pb, stream_config_from_pb};
 use crate::error::{Result, ServerError};
-use crate::forward::{hops, onward, retry};
+use crate::forward::{hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
 use crate::routing::Route;
@@ -300,7 +300,7 @@ impl Wharf for WharfService {
                 Route::Remote(n) => Ok(node
                     .peers
                     .client(n)?
-                    .add_stream(onward(msg.clone(), hops)?)
+                    .add_stream(onward_admin(msg.clone(), hops)?)
                     .await?
                     .into_inner()),
             }
@@ -335,7 +335,7 @@ impl Wharf for WharfService {
                 let r = node
                     .peers
                     .client(n)?
-                    .list_streams(onward(req.into_inner(), hops)?)
+                    .list_streams(onward_admin(req.into_inner(), hops)?)
                     .await;
                 return Ok(r.map_err(ServerError::from)?);
             }
@@ -366,7 +366,7 @@ impl Wharf for WharfService {
                 Route::Remote(n) => Ok(node
                     .peers
                     .client(n)?
-                    .delete_stream(onward(msg.clone(), hops)?)
+                    .delete_stream(onward_admin(msg.clone(), hops)?)
                     .await?
                     .into_inner()),
             }
@@ -486,7 +486,7 @@ impl Wharf for WharfService {
                 Route::Remote(n) => Ok(node
                     .peers
                     .client(n)?
-                    .add_consumer(onward(msg.clone(), hops)?)
+                    .add_consumer(onward_admin(msg.clone(), hops)?)
                     .await?
                     .into_inner()),
             }
@@ -515,7 +515,7 @@ impl Wharf for WharfService {
                 Route::Remote(n) => node
                     .peers
                     .client(n)?
-                    .update_consumer(onward(msg.clone(), hops)?)
+                    .update_consumer(onward_admin(msg.clone(), hops)?)
                     .await
                     .map(|_| ())
                     .map_err(ServerError::from),
@@ -585,7 +585,7 @@ impl Wharf for WharfService {
                 Route::Remote(n) => node
                     .peers
                     .client(n)?
-                    .delete_consumer(onward(msg.clone(), hops)?)
+                    .delete_consumer(onward_admin(msg.clone(), hops)?)
                     .await
                     .map(|_| ())
                     .map_err(ServerError::from),

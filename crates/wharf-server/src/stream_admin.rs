@@ -20,7 +20,7 @@ use wharf_raft::NodeId;
 
 use crate::convert::{stream_config_from_pb, stream_config_to_pb};
 use crate::error::{Result, ServerError};
-use crate::forward::{onward, retry};
+use crate::forward::{onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::{LocalStream, NodeInner};
 use crate::routing::Route;
@@ -65,7 +65,7 @@ impl NodeInner {
                 }
                 Route::Remote(n) => Ok(Some(
                     (self.peers.client(n)?)
-                        .update_stream(onward(msg.clone(), hops)?)
+                        .update_stream(onward_admin(msg.clone(), hops)?)
                         .await?
                         .into_inner(),
                 )),
@@ -115,7 +115,7 @@ impl NodeInner {
                     Ok(pb::PurgeStreamResponse { purged })
                 }
                 StreamRoute::Remote(n) => Ok((self.peers.client(n)?)
-                    .purge_stream(onward(msg.clone(), hops)?)
+                    .purge_stream(onward_admin(msg.clone(), hops)?)
                     .await?
                     .into_inner()),
             }
@@ -136,7 +136,7 @@ impl NodeInner {
                     Ok(pb::DeleteMessageResponse {})
                 }
                 StreamRoute::Remote(n) => Ok((self.peers.client(n)?)
-                    .delete_message(onward(msg.clone(), hops)?)
+                    .delete_message(onward_admin(msg.clone(), hops)?)
                     .await?
                     .into_inner()),
             }
