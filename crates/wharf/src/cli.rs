@@ -248,6 +248,21 @@ pub struct PubArgs {
 #[derive(Subcommand, Debug)]
 pub enum ConsumerCmd {
     /// Create a durable pull consumer on a stream.
+    #[command(
+        long_about = "Create a durable pull consumer on a stream.\n\n\
+Every worker that pulls from the consumer shares its one position: each \
+message goes to exactly one worker, round-robin over the workers that have a \
+pull open. A message not acknowledged within --ack-wait (or the --backoff step \
+for its delivery) goes to another worker with its delivery count raised; after \
+--max-deliver deliveries it is given up on. --max-pending caps delivered but \
+unacknowledged messages across all workers together.",
+        after_help = "Examples:\n  \
+wharf consumer add ORDERS shipping --filter orders.shipped\n  \
+wharf consumer add ORDERS billing --ack-wait 10s --max-pending 5000\n  \
+wharf consumer add ORDERS retry --backoff 1s,10s,1m --max-deliver 5\n  \
+wharf consumer add ORDERS audit --deliver last-per-subject --ack-policy all\n  \
+wharf consumer add ORDERS primary --priority pinned"
+    )]
     Add(ConsumerAddArgs),
     /// Change a consumer's AckWait, MaxAckPending or max waiting pulls.
     Edit(ConsumerEditArgs),
@@ -278,7 +293,9 @@ pub enum ConsumerCmd {
 
 #[derive(Args, Debug)]
 pub struct ConsumerAddArgs {
+    /// The stream to consume.
     pub stream: String,
+    /// The consumer's durable name; workers pull by this name.
     pub name: String,
     /// Only deliver messages whose subject matches this filter (wildcards *
     /// and > allowed). Repeat for several; they may not overlap.
