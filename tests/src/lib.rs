@@ -179,10 +179,13 @@ impl Cluster {
         Client::new(&self.node(id).addr).expect("client")
     }
 
-    /// Run the CLI against this cluster.
+    /// Run the CLI against this cluster. Client commands keep retrying for
+    /// up to 30 s while groups elect leaders (a loaded 2-core CI machine can
+    /// be slow to elect a new group's first leader).
     pub fn wharf(&self, args: &[&str]) -> Output {
         Command::new(wharf_bin())
             .args(args)
+            .env("WHARF_RETRY_FOR", "30s")
             .env("WHARF_SERVER", self.servers())
             .output()
             .expect("run wharf")
@@ -192,6 +195,7 @@ impl Cluster {
     pub fn wharf_spawn(&self, args: &[&str]) -> Child {
         Command::new(wharf_bin())
             .args(args)
+            .env("WHARF_RETRY_FOR", "30s")
             .env("WHARF_SERVER", self.servers())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -100,10 +100,9 @@ fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
     };
     // See the module docs for why.
     c.enable_leader_restore = Some(false);
-    // A node that was cut off (paused, partitioned) must not depose a healthy
-    // leader when it comes back: it asks first whether it could win (the
-    // chaos harness saw a paused follower force a needless election).
-    c.enable_pre_vote = Some(true);
+    // Pre-vote stays off for now: with it on, one CI run saw a new stream
+    // group go without a leader for over 10 s on a loaded machine, and the
+    // cause is not understood yet (docs/RELIABILITY.md, bug 2).
     c.validate().map_err(|e| RaftError::Config(e.to_string()))
 }
 

@@ -16,7 +16,7 @@ pub struct Cli {
     pub server: String,
 
     /// How long client commands keep retrying while the cluster fails over.
-    #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, env = "WHARF_RETRY_FOR", default_value = "10s", value_parser = humantime::parse_duration)]
     pub retry_for: std::time::Duration,
 
     #[command(subcommand)]
