@@ -104,7 +104,20 @@ impl TestNode {
         listener: TcpListener,
         settings: RaftSettings,
     ) -> TestNode {
-        let node = RaftNode::open(id, dir, settings).expect("open node");
+        // After a shutdown in this same process, background tasks of the old
+        // node may still hold the sled Db (and its file lock) for a moment:
+        // wait, bounded, until the lock is free.
+        let mut tries = 0;
+        let node = loop {
+            match RaftNode::open(id, dir, settings.clone()) {
+                Ok(node) => break node,
+                Err(e) if e.to_string().contains("could not acquire lock") && tries < 100 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("open node: {e}"),
+            }
+        };
         let svc = node.transport_service();
         let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
