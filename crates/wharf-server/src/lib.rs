@@ -12,8 +12,10 @@
 mod consumer_runtime;
 mod consumer_sm;
 mod convert;
+mod dead_letter;
 pub mod error;
 mod forward;
+mod headers;
 mod health;
 pub mod meta;
 mod node;
@@ -21,6 +23,7 @@ mod routing;
 mod service;
 mod status;
 mod stream_admin;
+mod stream_retention;
 mod stream_runtime;
 mod stream_sm;
 mod stream_writer;
