@@ -155,7 +155,7 @@ impl Client {
                     tracing::debug!("retrying after {}: {}", s.code(), s.message());
                     self.rotate();
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
                 }
                 Err(s) => return Err(s.into()),
             }

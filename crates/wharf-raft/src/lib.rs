@@ -77,9 +77,12 @@ pub struct RaftSettings {
 impl Default for RaftSettings {
     fn default() -> Self {
         RaftSettings {
-            heartbeat_ms: 200,
-            election_min_ms: 800,
-            election_max_ms: 1600,
+            // Measured with bench/failover.sh (docs/BENCHMARKS.md): openraft's
+            // leader lease is election_max_ms, during which followers vote
+            // for no one, so it bounds how fast a dead leader is replaced.
+            heartbeat_ms: 150,
+            election_min_ms: 500,
+            election_max_ms: 900,
             snapshot_every_entries: None,
             bind_ip: None,
         }

@@ -127,7 +127,7 @@ where
                 if tokio::time::Instant::now() + backoff < deadline =>
             {
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(250));
+                backoff = (backoff * 2).min(Duration::from_millis(100));
             }
             other => return other,
         }

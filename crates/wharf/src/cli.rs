@@ -72,13 +72,14 @@ pub struct ServerArgs {
     /// yet; they are looked up again on every reconnect.
     #[arg(long, env = "WHARF_PEERS")]
     pub peers: Option<String>,
-    /// Raft heartbeat interval of every group [default: 200].
+    /// Raft heartbeat interval of every group [default: 150].
     #[arg(long, env = "WHARF_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-    /// Smallest election timeout [default: 800].
+    /// Smallest election timeout [default: 500].
     #[arg(long, env = "WHARF_ELECTION_MIN_MS")]
     pub election_min_ms: Option<u64>,
-    /// Largest election timeout [default: 1600].
+    /// Largest election timeout; also the leader lease: a follower that
+    /// heard from its leader this recently votes for no one [default: 900].
     #[arg(long, env = "WHARF_ELECTION_MAX_MS")]
     pub election_max_ms: Option<u64>,
 }
@@ -86,13 +87,13 @@ pub struct ServerArgs {
 #[derive(Args, Debug, Clone)]
 pub struct RaftArgs {
     /// Raft heartbeat interval of every group.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 150)]
     pub heartbeat_ms: u64,
     /// Smallest election timeout.
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value_t = 500)]
     pub election_min_ms: u64,
     /// Largest election timeout.
-    #[arg(long, default_value_t = 1600)]
+    #[arg(long, default_value_t = 900)]
     pub election_max_ms: u64,
 }
 
