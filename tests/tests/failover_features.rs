@@ -95,7 +95,10 @@ async fn failover_mid_in_progress() -> anyhow::Result<()> {
     let before_kill = Instant::now() + ACK_WAIT / 2;
     while Instant::now() < before_kill {
         let stolen = other.fetch(1, Duration::from_secs(1)).await?;
-        assert!(stolen.is_empty(), "redelivered while in progress: {stolen:?}");
+        assert!(
+            stolen.is_empty(),
+            "redelivered while in progress: {stolen:?}"
+        );
     }
     let (_, _, elected) = kill_consumer_leader(&mut cluster).await?;
     // Reports reach the new leader...
@@ -124,7 +127,11 @@ async fn failover_mid_in_progress() -> anyhow::Result<()> {
     let stopped = *last_report.lock().unwrap();
     let again = other.fetch(1, Duration::from_secs(30)).await?;
     let waited = stopped.elapsed();
-    assert_eq!(again.len(), 1, "never redelivered after the reports stopped");
+    assert_eq!(
+        again.len(),
+        1,
+        "never redelivered after the reports stopped"
+    );
     assert_eq!((again[0].stream_seq, again[0].delivered), (seq, 2));
     assert!(
         waited >= ACK_WAIT - Duration::from_millis(500),
@@ -172,7 +179,10 @@ async fn failover_mid_backoff() -> anyhow::Result<()> {
     let third = worker.fetch(1, Duration::from_secs(30)).await?;
     let t3 = Instant::now();
     assert_eq!(third.len(), 1, "no third delivery after the failover");
-    assert_eq!((third[0].stream_seq, third[0].delivered), (first.stream_seq, 3));
+    assert_eq!(
+        (third[0].stream_seq, third[0].delivered),
+        (first.stream_seq, 3)
+    );
     let gap = t3 - t2;
     eprintln!(
         "second step: redelivered {gap:?} after the second delivery; new leader seen after {:?}",
@@ -270,16 +280,20 @@ async fn standby_fetch_registered(
         let got = standby.fetch(batch, wait).await;
         (standby, got)
     });
-    let registered = eventually("standby pull waiting", wait, || async {
-        let i = client.consumer_info("JOBS", "w").await.ok()?;
-        (i.num_waiting >= 1).then_some(())
-    })
-    .await;
+    // Poll until the pull shows as waiting or has already been answered.
+    let mut registered = false;
+    while !registered && !pull.is_finished() {
+        if let Ok(i) = client.consumer_info("JOBS", "w").await {
+            registered = i.num_waiting >= 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (standby, got) = pull.await?;
     let got = got?;
-    if got.is_empty() {
-        registered?;
-    }
+    anyhow::ensure!(
+        registered || !got.is_empty(),
+        "the standby's pull never showed as waiting on the consumer's leader"
+    );
     Ok((standby, got))
 }
 
@@ -297,6 +311,7 @@ async fn failover_mid_overflow() -> anyhow::Result<()> {
     let mut main = client.consumer("JOBS", "w");
     let mut standby = client.consumer("JOBS", "w").with_overflow(THRESHOLD, 0);
     let mut published = 0u64;
+    let started = Instant::now();
 
     for round in ["before", "after"] {
         // Below the threshold (3 unprocessed) the standby gets nothing.
@@ -311,6 +326,10 @@ async fn failover_mid_overflow() -> anyhow::Result<()> {
             got.is_empty(),
             "{round} the failover the standby got {got:?} with 3 unprocessed (threshold {THRESHOLD})"
         );
+        eprintln!(
+            "{round}: below threshold checked at {:?}",
+            started.elapsed()
+        );
         // Above it (3 + 5 = 8 unprocessed) the standby helps.
         for _ in 0..5 {
             published += 1;
@@ -322,6 +341,11 @@ async fn failover_mid_overflow() -> anyhow::Result<()> {
         assert!(
             !helped.is_empty(),
             "{round} the failover the standby got nothing with 8 unprocessed"
+        );
+        let helped_seqs: Vec<u64> = helped.iter().map(|m| m.stream_seq).collect();
+        eprintln!(
+            "{round}: standby got {helped_seqs:?} at {:?}",
+            started.elapsed()
         );
         for m in &helped {
             assert!(seen.insert(m.stream_seq), "delivered twice: {m:?}");
@@ -337,6 +361,7 @@ async fn failover_mid_overflow() -> anyhow::Result<()> {
             }
         }
         assert_eq!(seen.len() as u64, published, "{round}: not all delivered");
+        eprintln!("{round}: main drained at {:?}", started.elapsed());
         let i = info(&client).await?;
         assert_eq!((i.num_pending, i.num_ack_pending), (0, 0), "{i:?}");
         if round == "before" {
