@@ -263,7 +263,7 @@ fn render_consumers(e: &mut Exposition, consumers: &[ConsumerSample]) {
         ),
         (
             "wharf_consumer_num_redelivered",
-            "Messages delivered more than once and not yet acknowledged (Redelivered Messages).",
+            "Messages delivered more than once, each counted at its second delivery; only grows (Redelivered Messages).",
             |c| Some(c.num_redelivered),
         ),
         (

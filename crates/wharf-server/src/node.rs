@@ -185,8 +185,9 @@ impl Node {
             shutdown_rx.clone(),
         ));
         if let Some(listener) = metrics_listener {
-            let addr = listener.local_addr().ok();
-            tracing::info!(addr = ?addr, "serving Prometheus metrics at /metrics");
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+            }
             let serve = crate::metrics_http::serve(inner.clone(), listener, shutdown_rx.clone());
             tokio::spawn(serve);
         }
