@@ -100,6 +100,26 @@ async fn bad_input_is_refused_clearly_and_changes_nothing() -> anyhow::Result<()
     // Oversize message.
     let big = "x".repeat(65);
     fails_with(&cluster.wharf(&["pub", "orders.created", &big]), "exceeds");
+    // Bad headers, a dead-letter subject with a wildcard.
+    fails_with(
+        &cluster.wharf(&["pub", "orders.created", "x", "-H", "bad name:v"]),
+        "header name",
+    );
+    fails_with(
+        &cluster.wharf(&["pub", "orders.created", "x", "-H", "novalue"]),
+        "expected Name:value",
+    );
+    fails_with(
+        &cluster.wharf(&[
+            "consumer",
+            "add",
+            "ORDERS",
+            "dlq",
+            "--dead-letter-subject",
+            "dlq.*",
+        ]),
+        "wildcard",
+    );
 
     // Nothing changed: one stream, one message, one consumer with its config.
     let streams = json(&cluster.wharf(&["stream", "ls", "--json"]))?;

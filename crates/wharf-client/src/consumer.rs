@@ -32,6 +32,8 @@ pub struct Message {
     /// Delivery count: 1 the first time, more on redelivery.
     pub delivered: u64,
     pub published_ms: i64,
+    /// Headers given at publish (dead-letter copies carry `Wharf-Dead-Letter-*`).
+    pub headers: std::collections::HashMap<String, String>,
 }
 
 impl From<pb::Message> for Message {
@@ -43,6 +45,7 @@ impl From<pb::Message> for Message {
             consumer_seq: m.consumer_seq,
             delivered: m.delivered,
             published_ms: m.published_ms,
+            headers: m.headers,
         }
     }
 }

@@ -4,12 +4,20 @@
 pub enum ClientError {
     /// The server answered with an error (bad input, not found, ...), or the
     /// cluster stayed unreachable for the whole retry window.
+    // Not `#[from]`: that would make the status its own source, and
+    // `{:#}` would print the message twice.
     #[error("{}", .0.message())]
-    Status(#[from] tonic::Status),
+    Status(tonic::Status),
     #[error("invalid server address {0}")]
     InvalidAddress(String),
     #[error("{0}")]
     Timeout(String),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        ClientError::Status(s)
+    }
 }
 
 impl ClientError {

@@ -18,6 +18,7 @@
 mod consumer;
 mod error;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -316,7 +317,8 @@ impl Client {
         subject: &str,
         payload: impl Into<Bytes>,
     ) -> Result<pb::PublishAck> {
-        self.publish_msg(subject, payload, None).await
+        self.publish_msg(subject, payload, None, HashMap::new())
+            .await
     }
 
     /// Publish with a message id: inside the stream's duplicate window a
@@ -329,7 +331,20 @@ impl Client {
         payload: impl Into<Bytes>,
         msg_id: &str,
     ) -> Result<pb::PublishAck> {
-        self.publish_msg(subject, payload, Some(msg_id)).await
+        self.publish_msg(subject, payload, Some(msg_id), HashMap::new())
+            .await
+    }
+
+    /// Publish with headers (and a message id, when not empty).
+    pub async fn publish_with_headers(
+        &self,
+        subject: &str,
+        payload: impl Into<Bytes>,
+        msg_id: &str,
+        headers: HashMap<String, String>,
+    ) -> Result<pb::PublishAck> {
+        let id = (!msg_id.is_empty()).then_some(msg_id);
+        self.publish_msg(subject, payload, id, headers).await
     }
 
     async fn publish_msg(
@@ -337,11 +352,13 @@ impl Client {
         subject: &str,
         payload: impl Into<Bytes>,
         msg_id: Option<&str>,
+        headers: HashMap<String, String>,
     ) -> Result<pb::PublishAck> {
         let req = pb::PublishRequest {
             subject: subject.to_string(),
             payload: payload.into(),
             msg_id: msg_id.unwrap_or_default().to_string(),
+            headers,
         };
         self.call(|mut c| {
             let req = req.clone();

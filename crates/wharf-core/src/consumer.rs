@@ -129,6 +129,9 @@ pub struct ConsumerConfig {
     /// The consumer is deleted when no worker has pulled for this long
     /// (0: never). Enforced by the leader, which proposes the deletion.
     pub inactive_threshold_ms: u64,
+    /// Where a message that is termed or reaches MaxDeliver is published,
+    /// once, with headers naming its origin (see [`dead_letter`]).
+    pub dead_letter_subject: Option<String>,
 }
 
 impl ConsumerConfig {
@@ -255,6 +258,9 @@ impl ConsumerConfig {
                 "consumer",
                 "a start sequence must be at least 1",
             ));
+        }
+        if let Some(subject) = &self.dead_letter_subject {
+            crate::subject::validate_subject(subject)?;
         }
         if self.metadata.len() > MAX_METADATA_ENTRIES {
             return Err(CoreError::config(
@@ -418,6 +424,11 @@ pub struct ConsumerState {
     backlog: BTreeSet<u64>,
     /// Latest delivery time recorded; delivery times never go below it.
     last_delivered_ms: i64,
+    /// Termed or exhausted messages whose dead-letter copy is not yet
+    /// published, by stream seq.
+    dead_letter_outbox: BTreeMap<u64, DeadLetter>,
+    /// Dead-letter copies published (cumulative).
+    dead_lettered: u64,
 }
 
 impl ConsumerState {
@@ -435,6 +446,8 @@ impl ConsumerState {
             exhausted: 0,
             backlog: BTreeSet::new(),
             last_delivered_ms: i64::MIN,
+            dead_letter_outbox: BTreeMap::new(),
+            dead_lettered: 0,
         }
     }
 
@@ -586,11 +599,19 @@ impl ConsumerState {
         true
     }
 
-    /// Terminate: the message is never redelivered. Returns whether it was pending.
-    pub fn apply_term(&mut self, stream_seq: u64) -> bool {
+    /// Terminate: the message is never redelivered; with a dead-letter
+    /// subject it goes to the outbox with `reason`. Returns whether it was
+    /// pending.
+    pub fn apply_term(&mut self, stream_seq: u64, reason: &str) -> bool {
+        let deliveries = self.pending.get(&stream_seq).map(|p| p.deliveries);
         let removed = self.remove_pending(stream_seq);
-        if removed {
+        if let Some(deliveries) = deliveries.filter(|_| removed) {
             self.terminated += 1;
+            self.queue_dead_letter(
+                stream_seq,
+                deliveries,
+                DeadLetterReason::Term(reason.into()),
+            );
         }
         removed
     }
@@ -598,11 +619,14 @@ impl ConsumerState {
     /// Give up on messages that reached MaxDeliver (see
     /// [`ConsumerState::exhausted`]); returns those that were pending.
     pub fn apply_exhausted(&mut self, stream_seqs: &[u64]) -> Vec<u64> {
-        let out: Vec<u64> = stream_seqs
-            .iter()
-            .copied()
-            .filter(|&seq| self.remove_pending(seq))
-            .collect();
+        let mut out = Vec::new();
+        for &seq in stream_seqs {
+            let deliveries = self.pending.get(&seq).map(|p| p.deliveries);
+            if let Some(deliveries) = deliveries.filter(|_| self.remove_pending(seq)) {
+                self.queue_dead_letter(seq, deliveries, DeadLetterReason::MaxDeliver);
+                out.push(seq);
+            }
+        }
         self.exhausted += out.len() as u64;
         out
     }
@@ -752,6 +776,10 @@ impl ConsumerState {
         }
     }
 }
+
+#[path = "dead_letter.rs"]
+pub mod dead_letter;
+pub use dead_letter::{DeadLetter, DeadLetterReason};
 
 #[cfg(test)]
 #[path = "consumer_tests.rs"]

@@ -23,11 +23,15 @@ pub use consumer::{
     start_position, AckPolicy, ConsumerConfig, ConsumerState, DeliverPolicy, Delivery, Pending,
     PriorityPolicy, SeqPair,
 };
+pub use consumer::{DeadLetter, DeadLetterReason};
 pub use dispatch::{
     Assignment, Dispatcher, FinishedPull, Plan, PullEnd, SessionId, Thresholds, WaitingPull,
 };
 pub use error::CoreError;
-pub use stream::{Appended, DiscardPolicy, MsgMeta, Purge, StreamConfig, StreamState, StreamStats};
+pub use stream::{
+    Appended, ConsumerProgress, DiscardPolicy, MsgMeta, Purge, RetentionPolicy, StreamConfig,
+    StreamState, StreamStats,
+};
 pub use subject::{
     filters_overlap, subject_matches, validate_filter, validate_name, validate_subject,
 };

@@ -1,4 +1,5 @@
-//! The limits-retention stream index.
+//! The stream index: what is stored, the limits, and (see [`retention`])
+//! work-queue and interest retention.
 //!
 //! A [`StreamState`] is the replicated index of one stream: which sequence
 //! numbers it holds, each message's subject, size and publish time, the
@@ -26,10 +27,14 @@
 //!   previous publish time) so age expiry can stop at the first young
 //!   message even if a new leader's clock is behind the old one's.
 //!
-//! Deliberately left out: work-queue/interest retention, `num_deleted`
+//! Deliberately left out: `num_deleted`
 //! bookkeeping, and `discard_new_per_subject` (see [`StreamConfig`]).
 
 use std::collections::{BTreeMap, VecDeque};
+
+#[path = "retention.rs"]
+pub mod retention;
+pub use retention::{ConsumerInterest, ConsumerProgress, InterestedConsumer};
 use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
@@ -37,8 +42,8 @@ use serde::{Deserialize, Serialize};
 pub use crate::dedup::DedupWindow;
 use crate::error::CoreError;
 pub use crate::stream_config::{
-    DiscardPolicy, StreamConfig, DEFAULT_DUPLICATE_WINDOW_MS, DEFAULT_REPLICAS, MAX_MSG_SIZE_LIMIT,
-    MIN_DUPLICATE_WINDOW_MS,
+    DiscardPolicy, RetentionPolicy, StreamConfig, DEFAULT_DUPLICATE_WINDOW_MS, DEFAULT_REPLICAS,
+    MAX_MSG_SIZE_LIMIT, MIN_DUPLICATE_WINDOW_MS,
 };
 use crate::subject::{subject_matches, validate_filter, validate_subject};
 
@@ -95,7 +100,7 @@ pub struct Purge {
     pub below_seq: Option<u64>,
 }
 
-/// The replicated index of one limits-retention stream.
+/// The replicated index of one stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamState {
     config: StreamConfig,
@@ -107,6 +112,8 @@ pub struct StreamState {
     bytes: u64,
     /// Latest publish time stored; publish times never go below it.
     last_published_ms: i64,
+    /// Consumers registered for work-queue or interest retention.
+    interest: BTreeMap<String, InterestedConsumer>,
 }
 
 impl StreamState {
@@ -120,6 +127,7 @@ impl StreamState {
             last_seq: 0,
             bytes: 0,
             last_published_ms: i64::MIN,
+            interest: BTreeMap::new(),
         }
     }
 
@@ -236,6 +244,12 @@ impl StreamState {
             self.dedup.record(id, seq, at_ms);
         }
         let mut removed = Vec::new();
+        // Interest retention: with nobody interested the message goes at once.
+        if self.config.retention == RetentionPolicy::Interest
+            && self.retention_allows_removal(seq, subject)
+        {
+            self.remove_msg(seq, &mut removed);
+        }
         self.enforce_limits(now_ms, Some(subject), &mut removed);
         Ok(Appended {
             seq,

@@ -9,7 +9,9 @@
 //! limit is set (a message id cannot be remembered longer than its message).
 //! The name and replica count never change after creation.
 //!
-//! Left out: retention kinds other than limits, `discard_new_per_subject`
+//! The retention policy is fixed at creation.
+//!
+//! Left out: `discard_new_per_subject`
 //! (with `discard: new` every limit refuses, the per-subject one included),
 //! `deny_delete`/`deny_purge`, sealing, mirrors and sources.
 
@@ -47,6 +49,32 @@ impl DiscardPolicy {
     }
 }
 
+/// When stored messages leave the stream, besides the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum RetentionPolicy {
+    /// Only the limits remove messages (the default).
+    #[default]
+    Limits,
+    /// A message is removed once the one consumer whose filter matches it
+    /// is done with it (acked, termed, or given up on). Consumers may not
+    /// overlap; a message no consumer matches stays.
+    WorkQueue,
+    /// A message is removed once every consumer whose filter matches it is
+    /// done with it; with no such consumer it is removed at once.
+    Interest,
+}
+
+impl RetentionPolicy {
+    /// `"limits"`, `"workqueue"` or `"interest"`, as NATS spells them.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetentionPolicy::Limits => "limits",
+            RetentionPolicy::WorkQueue => "workqueue",
+            RetentionPolicy::Interest => "interest",
+        }
+    }
+}
+
 /// A stream's configuration. `-1` (or any value `<= 0`) for `max_msgs`,
 /// `max_bytes` and `max_msgs_per_subject`, and `0` for `max_age_ms`, mean
 /// "no limit"; `0` for `duplicate_window_ms` means the default.
@@ -73,6 +101,8 @@ pub struct StreamConfig {
     pub discard: DiscardPolicy,
     /// How long a message id is remembered for deduplication.
     pub duplicate_window_ms: u64,
+    /// Limits, work queue or interest; fixed at creation.
+    pub retention: RetentionPolicy,
 }
 
 impl Default for StreamConfig {
@@ -88,6 +118,7 @@ impl Default for StreamConfig {
             max_msgs_per_subject: -1,
             discard: DiscardPolicy::Old,
             duplicate_window_ms: 0,
+            retention: RetentionPolicy::Limits,
         }
     }
 }
@@ -187,7 +218,7 @@ impl StreamConfig {
     }
 
     /// Checks that `new` is a valid replacement for `self`: the name and the
-    /// replica count are fixed; subjects, limits, discard policy and
+    /// replica count and retention are fixed; subjects, limits, discard policy and
     /// duplicate window may change.
     pub fn check_update(&self, new: &StreamConfig) -> Result<(), CoreError> {
         if new.name != self.name {
@@ -195,6 +226,17 @@ impl StreamConfig {
                 "stream",
                 &self.name,
                 format!("the name cannot be changed (to {:?})", new.name),
+            ));
+        }
+        if new.retention != self.retention {
+            return Err(CoreError::update(
+                "stream",
+                &self.name,
+                format!(
+                    "retention cannot be changed ({} -> {})",
+                    self.retention.as_str(),
+                    new.retention.as_str()
+                ),
             ));
         }
         if new.replicas != self.replicas {

@@ -32,9 +32,8 @@
 //! - plans make progress: when a pull still waits after a plan that used
 //!   less than its batch, nothing due and nothing new was left behind.
 //!
-//! Left out: work-queue retention ("a message disappears exactly when
-//! acked") is not implemented in wharf-core yet, so it is not checked here;
-//! nor are deliver policies other than `all`, priority groups and pull byte
+//! Left out: work-queue and interest retention (checked against their own
+//! model in `retention_model.rs`), deliver policies other than `all`, priority groups and pull byte
 //! limits (the round-robin checks assume plain round-robin).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -612,7 +611,7 @@ impl Sim {
             }
             Op::Term { pick } => {
                 if let Some(seq) = self.pick_delivered(*pick) {
-                    let hit = self.consumer.apply_term(seq);
+                    let hit = self.consumer.apply_term(seq, "");
                     let model = self.pending.remove(&seq).is_some();
                     if model {
                         self.settled.insert(seq, Settled::Termed);

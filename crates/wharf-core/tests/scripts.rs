@@ -23,7 +23,13 @@
 //! - `dispatch [now=T] [max=N]`
 //! - `plan [now=T] [max=N]`, `commit [now=T]`, `fail` (split dispatch: plan
 //!   and propose, then apply or fail the oldest proposal)
-//! - `ack <seq>...`, `expire [now=T]`, `state`
+//! - `ack <seq>...`, `nak <seq> [delay=T]`, `progress <seq>`, `term <seq> [reason=R]`,
+//!   `expire [now=T]`, `state`
+//! - retention (see `support/retention.rs`): `stream ... retention=workqueue|interest`,
+//!   `other name=N [filters=a,b]`, `other_progress name=N position=P [pending=1,2]`,
+//!   `unregister name=N`, `dead_lettered <seq>...` (with `consumer dead_letter=SUBJECT`).
+//!   After every command the consumer's progress goes to the stream, as the
+//!   stream leader would report it; what that removes prints as `retention removed=...`.
 //!
 //! Errors from the crate print as `error: <message>`.
 
@@ -36,6 +42,9 @@ use wharf_core::{
     FinishedPull, Plan, PriorityPolicy, PullEnd, StreamConfig, StreamState, Thresholds,
 };
 use wharf_core::{DiscardPolicy, Purge};
+
+#[path = "support/retention.rs"]
+mod retention;
 
 type Out = Result<Vec<String>, String>;
 
@@ -89,6 +98,8 @@ struct Harness {
     dispatcher: Dispatcher,
     proposed: VecDeque<Plan>,
     now_ms: i64,
+    /// Other consumers registered with the stream: name -> filters.
+    others: BTreeMap<String, Vec<String>>,
 }
 
 impl Harness {
@@ -211,8 +222,12 @@ impl Harness {
             }
             "term" => {
                 let seq = one_seq(&args)?;
-                let was = self.consumer_mut()?.apply_term(seq);
+                let reason: String = args.take("reason")?.unwrap_or_default();
+                let was = self.consumer_mut()?.apply_term(seq, &reason);
                 Ok(vec![format!("term pending={was}")])
+            }
+            "other" | "other_progress" | "unregister" | "dead_lettered" => {
+                self.retention_cmd(cmd, &mut args)
             }
             "expire" => {
                 let mut out: Vec<String> = self
@@ -232,6 +247,8 @@ impl Harness {
             other => Err(format!("unknown command {other:?}")),
         }?;
         args.done()?;
+        let mut out = out;
+        out.extend(self.report_progress());
         Ok(out)
     }
 
@@ -259,6 +276,9 @@ impl Harness {
             (args.take("max_msgs_per_subject")?).unwrap_or(cfg.max_msgs_per_subject);
         cfg.duplicate_window_ms =
             (args.take("duplicate_window_ms")?).unwrap_or(cfg.duplicate_window_ms);
+        if let Some(r) = args.take::<String>("retention")? {
+            cfg.retention = retention::parse_retention(&r)?;
+        }
         if let Some(discard) = args.take::<String>("discard")? {
             cfg.discard = match discard.as_str() {
                 "old" => DiscardPolicy::Old,
@@ -333,6 +353,9 @@ impl Harness {
                 other => return Err(format!("bad priority {other:?}")),
             };
         }
+        if let Some(subject) = args.take::<String>("dead_letter")? {
+            cfg.dead_letter_subject = Some(subject);
+        }
         if let Some(policy) = args.take::<String>("ack_policy")? {
             cfg.ack_policy = match policy.as_str() {
                 "explicit" => AckPolicy::Explicit,
@@ -352,7 +375,7 @@ impl Harness {
             return Ok(vec![format!("error: {e}")]);
         }
         self.consumer = Some(ConsumerState::new(cfg));
-        Ok(vec![])
+        Ok(self.register_consumers())
     }
 
     fn publish(&mut self, args: &mut Args) -> Out {
@@ -511,6 +534,7 @@ impl Harness {
                 c.num_exhausted()
             ));
         }
+        out.extend(retention::dead_letter_lines(c));
         for w in self.dispatcher.waiting() {
             let mut line = format!(
                 "waiting: session={} pull={} remaining={} delivered={}",

@@ -122,7 +122,7 @@ pub struct RuntimeContext {
 }
 
 /// An ack of any kind from a session, waiting to be proposed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PendingAck {
     pub session: SessionId,
     pub stream_seq: u64,
@@ -665,7 +665,10 @@ impl Runner {
         let acks: Vec<_> = self.acks.drain(..take).collect();
         let cmd = ConsumerCommand::Acks {
             now_ms: now_ms(),
-            items: acks.iter().map(|a| (a.stream_seq, a.kind)).collect(),
+            items: acks
+                .iter()
+                .map(|a| (a.stream_seq, a.kind.clone()))
+                .collect(),
         };
         let Ok(cmd) = bincode::serialize(&cmd) else {
             return;
@@ -755,6 +758,7 @@ impl Runner {
                 delivered: d.deliveries,
                 pull_id: a.pull_id,
                 published_ms: msg.published_ms,
+                headers: msg.headers.into_iter().collect(),
             };
             if self.sent.len() < MAX_TRACKED_SENT {
                 self.sent.insert(d.stream_seq, a.session);

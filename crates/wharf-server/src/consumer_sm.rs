@@ -4,7 +4,8 @@
 //! commands: `Deliver` (a batch of messages it has chosen for waiting pulls,
 //! stamped with its clock, plus messages the stream no longer has and
 //! messages that reached MaxDeliver), `Acks` (a batch of acks, naks,
-//! in-progress and terms from any workers) and `UpdateConfig`. A message is
+//! in-progress and terms from any workers), `UpdateConfig`, `Start` and
+//! `DeadLettered` (the leader published dead-letter copies). A message is
 //! sent to a worker only after its `Deliver` entry is applied, so a new leader
 //! never forgets what was handed out.
 //!
@@ -40,15 +41,26 @@ pub enum ConsumerCommand {
         after_seq: u64,
         backlog: Vec<u64>,
     },
+    /// The leader published the dead-letter copies of `published`; the
+    /// messages of `dropped` were gone before their copy could be made.
+    DeadLettered {
+        published: Vec<u64>,
+        dropped: Vec<u64>,
+    },
 }
 
 /// What a worker said about a delivered message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AckKind {
     Ack,
-    Nak { delay_ms: u64 },
+    Nak {
+        delay_ms: u64,
+    },
     InProgress,
-    Term,
+    /// Never redeliver; the reason goes into the dead-letter copy.
+    Term {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,11 +134,15 @@ impl ConsumerMachine {
                         AckKind::Ack => self.state.apply_ack(&[seq]) > 0,
                         AckKind::Nak { delay_ms } => self.state.apply_nak(seq, delay_ms, now_ms),
                         AckKind::InProgress => self.state.apply_in_progress(seq, now_ms),
-                        AckKind::Term => self.state.apply_term(seq),
+                        AckKind::Term { reason } => self.state.apply_term(seq, &reason),
                     };
                     settled += usize::from(hit);
                 }
                 ConsumerResponse::Acked(settled)
+            }
+            ConsumerCommand::DeadLettered { published, dropped } => {
+                let n = self.state.apply_dead_lettered(&published, &dropped);
+                ConsumerResponse::Acked(n as usize)
             }
             ConsumerCommand::Start { after_seq, backlog } => {
                 self.state.apply_start(after_seq, backlog);

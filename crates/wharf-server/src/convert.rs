@@ -4,7 +4,7 @@
 //! everything past this module sees complete configurations.
 
 use wharf_core::consumer::{AckPolicy, ConsumerConfig, DeliverPolicy, PriorityPolicy};
-use wharf_core::stream::{DiscardPolicy, StreamConfig};
+use wharf_core::stream::{DiscardPolicy, RetentionPolicy, StreamConfig};
 use wharf_proto::v1 as pb;
 
 use crate::error::{Result, ServerError};
@@ -33,6 +33,17 @@ pub fn stream_config_from_pb(c: Option<pb::StreamConfig>) -> Result<StreamConfig
             }
         },
         duplicate_window_ms: c.duplicate_window_ms,
+        retention: match pb::RetentionPolicy::try_from(c.retention) {
+            Ok(pb::RetentionPolicy::RetentionLimits) => RetentionPolicy::Limits,
+            Ok(pb::RetentionPolicy::RetentionWorkqueue) => RetentionPolicy::WorkQueue,
+            Ok(pb::RetentionPolicy::RetentionInterest) => RetentionPolicy::Interest,
+            Err(_) => {
+                return Err(ServerError::Invalid(format!(
+                    "unknown retention policy {}",
+                    c.retention
+                )))
+            }
+        },
     }
     .with_defaults();
     config.validate()?;
@@ -54,6 +65,11 @@ pub fn stream_config_to_pb(c: &StreamConfig) -> pb::StreamConfig {
             DiscardPolicy::New => pb::DiscardPolicy::DiscardNew,
         } as i32,
         duplicate_window_ms: c.duplicate_window_ms,
+        retention: match c.retention {
+            RetentionPolicy::Limits => pb::RetentionPolicy::RetentionLimits,
+            RetentionPolicy::WorkQueue => pb::RetentionPolicy::RetentionWorkqueue,
+            RetentionPolicy::Interest => pb::RetentionPolicy::RetentionInterest,
+        } as i32,
     }
 }
 
@@ -106,6 +122,7 @@ pub fn consumer_config_from_pb(c: Option<pb::ConsumerConfig>) -> Result<Consumer
         metadata: c.metadata.into_iter().collect(),
         filter_subjects: c.filter_subjects,
         inactive_threshold_ms: c.inactive_threshold_ms,
+        dead_letter_subject: (!c.dead_letter_subject.is_empty()).then_some(c.dead_letter_subject),
         priority_policy: match pb::PriorityPolicy::try_from(c.priority_policy) {
             Ok(pb::PriorityPolicy::PriorityNone) => PriorityPolicy::None,
             Ok(pb::PriorityPolicy::PriorityPinned) => PriorityPolicy::Pinned,
@@ -158,6 +175,7 @@ pub fn consumer_config_to_pb(c: &ConsumerConfig) -> pb::ConsumerConfig {
         metadata: c.metadata.clone().into_iter().collect(),
         filter_subjects: c.filter_subjects.clone(),
         inactive_threshold_ms: c.inactive_threshold_ms,
+        dead_letter_subject: c.dead_letter_subject.clone().unwrap_or_default(),
         priority_policy: match c.priority_policy {
             PriorityPolicy::None => pb::PriorityPolicy::PriorityNone,
             PriorityPolicy::Pinned => pb::PriorityPolicy::PriorityPinned,

@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use wharf_core::consumer::ConsumerConfig;
-use wharf_core::stream::StreamConfig;
+use wharf_core::consumer::{AckPolicy, ConsumerConfig, DeliverPolicy};
+use wharf_core::stream::{RetentionPolicy, StreamConfig};
 use wharf_core::subject::filters_overlap;
 use wharf_raft::{GroupId, NodeId, StateMachine};
 
@@ -183,6 +183,37 @@ impl Catalog {
     }
 
     /// The subjects of `config` may not overlap any other stream's.
+    /// A work-queue stream hands each message to one consumer: consumers
+    /// must deliver all, ack, and not overlap each other's filters.
+    fn check_work_queue_consumer(&self, stream: &str, config: &ConsumerConfig) -> Result<()> {
+        if config.deliver_policy != DeliverPolicy::All {
+            return Err(ServerError::Invalid(format!(
+                "consumers of work-queue stream {stream:?} must use deliver policy all"
+            )));
+        }
+        if config.ack_policy == AckPolicy::None {
+            return Err(ServerError::Invalid(format!(
+                "consumers of work-queue stream {stream:?} must ack (ack policy explicit or all)"
+            )));
+        }
+        let all = [">"];
+        let mine = config.filters();
+        let mine: &[&str] = if mine.is_empty() { &all } else { &mine };
+        for other in self.consumers_of(stream) {
+            let theirs = other.config.filters();
+            let theirs: &[&str] = if theirs.is_empty() { &all } else { &theirs };
+            for a in mine {
+                if let Some(b) = theirs.iter().find(|b| filters_overlap(a, b)) {
+                    return Err(ServerError::Conflict(format!(
+                        "work-queue stream {stream:?}: consumer {:?} would overlap consumer {:?} ({a:?} and {b:?}); consumers of a work queue may not share subjects",
+                        config.name, other.config.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn check_no_overlap(&self, config: &StreamConfig) -> Result<()> {
         for other in self.streams.values() {
             if other.config.name == config.name {
@@ -270,6 +301,9 @@ impl Catalog {
                 "consumer {:?} already exists on stream {stream:?} with a different configuration",
                 config.name
             )));
+        }
+        if self.stream(&stream)?.config.retention == RetentionPolicy::WorkQueue {
+            self.check_work_queue_consumer(&stream, &config)?;
         }
         let group_id = self.next_group_id;
         self.next_group_id += 1;

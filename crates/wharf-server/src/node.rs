@@ -407,6 +407,14 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         let writer = StreamWriter::spawn(group.clone());
         let (desired, desired_rx) = watch::channel((entry.config_revision, entry.config.clone()));
         crate::stream_runtime::spawn(group.clone(), sm.clone(), desired_rx);
+        if entry.config.retention != wharf_core::stream::RetentionPolicy::Limits {
+            crate::stream_retention::spawn(
+                Arc::downgrade(node),
+                name.clone(),
+                group.clone(),
+                sm.clone(),
+            );
+        }
         let local = LocalStream {
             group_id: entry.group_id,
             group,
@@ -445,6 +453,17 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
             .await?;
         let (desired, desired_rx) = watch::channel(entry.config.clone());
+        crate::dead_letter::DeadLetterTask {
+            node: Arc::downgrade(node),
+            stream: key.0.clone(),
+            consumer: key.1.clone(),
+            consumer_id: entry.group_id,
+            group: group.clone(),
+            sm: sm.clone(),
+            changes: changes.clone(),
+            stream_tree: stream.tree.clone(),
+        }
+        .spawn();
         let runtime = ConsumerRuntime::spawn(RuntimeContext {
             stream: key.0.clone(),
             name: key.1.clone(),

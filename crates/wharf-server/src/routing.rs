@@ -122,6 +122,32 @@ impl NodeInner {
         }
     }
 
+    /// On a work-queue or interest stream, waits until the stream group has
+    /// registered consumer `name`, so no message published after the
+    /// consumer was created can be removed without it. Bounded: answers
+    /// Unavailable (the create may be retried; it is idempotent) after 10 s.
+    pub async fn wait_retention_registered(&self, stream: &str, name: &str) -> Result<()> {
+        let retention = self.catalog().stream(stream)?.config.retention;
+        if retention == wharf_core::stream::RetentionPolicy::Limits {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(info) = self.stream_info(stream, 0).await {
+                let state = info.state.unwrap_or_default();
+                if state.retention_consumers.iter().any(|c| c == name) {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(ServerError::Unavailable(format!(
+                    "consumer {name:?} is created but stream {stream:?} has not registered it for retention yet; retry"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn stream_info(&self, name: &str, hops: u32) -> Result<pb::StreamInfo> {
         self.stream_info_with(name, hops, false).await
     }
@@ -166,7 +192,7 @@ impl NodeInner {
                 self.id()
             ))
         })?;
-        let (config, stats, listed) = {
+        let (config, stats, listed, retention_consumers) = {
             let sm = local.sm.lock().map_err(|_| poisoned())?;
             let state = sm.state();
             let listed = if subjects {
@@ -174,7 +200,8 @@ impl NodeInner {
             } else {
                 Vec::new()
             };
-            (state.config().clone(), state.stats(), listed)
+            let retention: Vec<String> = state.interested().keys().cloned().collect();
+            (state.config().clone(), state.stats(), listed, retention)
         };
         let status = local.group.status();
         let truncated = listed.len() > crate::stream_admin::MAX_SUBJECTS_LISTED;
@@ -192,6 +219,7 @@ impl NodeInner {
                     .map(|(subject, messages)| pb::SubjectCount { subject, messages })
                     .collect(),
                 subjects_truncated: truncated,
+                retention_consumers,
             }),
             cluster: Some(pb::ClusterInfo {
                 leader: status.leader.unwrap_or(0),
@@ -310,6 +338,8 @@ impl NodeInner {
                     num_pending,
                     num_terminated: state.num_terminated(),
                     num_exhausted: state.num_exhausted(),
+                    num_dead_lettered: state.num_dead_lettered(),
+                    dead_letter_backlog: state.dead_letter_backlog(),
                     paused: state.is_paused(now_ms()),
                     pause_remaining_ms: (state.config().pause_until_ms - now_ms()).max(0),
                     cluster: Some(pb::ClusterInfo {

@@ -70,6 +70,13 @@ pub struct WharfService {
     node: Arc<NodeInner>,
 }
 
+impl WharfService {
+    /// The service over `node`, also used inside the node (dead-letter copies).
+    pub(crate) fn new(node: Arc<NodeInner>) -> Self {
+        WharfService { node }
+    }
+}
+
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl WharfService {
@@ -103,9 +110,11 @@ impl WharfService {
                 let local =
                     local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
                 let msg_id = Some(msg.msg_id).filter(|id| !id.is_empty());
+                let mut headers: Vec<(String, String)> = msg.headers.into_iter().collect();
+                headers.sort_unstable();
                 let outcome = local
                     .writer
-                    .publish(msg.subject, msg.payload, msg_id)
+                    .publish(msg.subject, msg.payload, msg_id, headers)
                     .await?;
                 Ok(pb::PublishAck {
                     stream: entry.config.name,
@@ -123,8 +132,13 @@ impl WharfService {
         }
     }
 
-    async fn publish(&self, msg: pb::PublishRequest, hops: u32) -> Result<pb::PublishAck> {
+    pub(crate) async fn publish(
+        &self,
+        msg: pb::PublishRequest,
+        hops: u32,
+    ) -> Result<pb::PublishAck> {
         validate_subject(&msg.subject)?;
+        crate::headers::validate(&msg.headers)?;
         if msg.payload.len() > MAX_MSG_SIZE_LIMIT as usize {
             return Err(ServerError::Invalid(format!(
                 "message size {} exceeds the server's maximum of {MAX_MSG_SIZE_LIMIT}",
@@ -150,7 +164,7 @@ impl WharfService {
             .await?;
         self.node.wait_group_ready(gid).await;
         self.node.wait_consumer_started(stream, &name).await;
-        Ok(())
+        self.node.wait_retention_registered(stream, &name).await
     }
 
     /// Attach a worker session to the local consumer runtime.
@@ -191,7 +205,9 @@ impl WharfService {
                                 if !ack.reason.is_empty() {
                                     tracing::info!(stream_seq = ack.stream_seq, reason = %ack.reason, "message termed");
                                 }
-                                AckKind::Term
+                                AckKind::Term {
+                                    reason: truncate_reason(&ack.reason),
+                                }
                             }
                             Err(_) => {
                                 let msg = format!("unknown ack kind {}", ack.kind);
@@ -653,4 +669,16 @@ impl Wharf for WharfService {
             crate::status::cluster_status(&self.node).await,
         ))
     }
+}
+
+/// Longest term reason kept (it travels in the dead-letter headers).
+const MAX_TERM_REASON_BYTES: usize = 512;
+
+/// `reason` cut to [`MAX_TERM_REASON_BYTES`] at a character boundary.
+fn truncate_reason(reason: &str) -> String {
+    let mut end = reason.len().min(MAX_TERM_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_string()
 }

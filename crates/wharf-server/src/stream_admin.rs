@@ -173,6 +173,7 @@ impl NodeInner {
                         seq: msg.seq,
                         published_ms: m.published_ms,
                         payload: m.payload,
+                        headers: m.headers.into_iter().collect(),
                     })
                 }
                 StreamRoute::Remote(n) => Ok((self.peers.client(n)?)

@@ -9,7 +9,11 @@
 //! Commands: `Publish` (a batch; each item may carry a message id for the
 //! duplicate window), `Expire` (age limit and duplicate window, proposed by
 //! the leader as time passes), `UpdateConfig` (the leader follows the
-//! catalog's config), `Purge` and `DeleteMsg` (answer the number removed).
+//! catalog's config), `Purge` and `DeleteMsg` (answer the number removed),
+//! and for work-queue and interest retention `SetConsumers` (the consumers
+//! the catalog lists for the stream) and `Progress` (what they finished, as
+//! the leader read it from its consumer replicas; see
+//! `wharf_core::stream::retention`).
 //!
 //! Invariants:
 //! - A message is readable from the tree before `applied_seq` announces it, so
@@ -22,7 +26,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use wharf_core::stream::{Purge, StreamConfig, StreamState};
+use wharf_core::stream::{ConsumerInterest, ConsumerProgress, Purge, StreamConfig, StreamState};
 use wharf_raft::StateMachine;
 
 use crate::error::{Result, ServerError};
@@ -33,6 +37,8 @@ pub struct PublishItem {
     pub payload: Bytes,
     /// Deduplication id, if the publisher gave one.
     pub msg_id: Option<String>,
+    /// Headers, in name order.
+    pub headers: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +62,13 @@ pub enum StreamCommand {
     Purge { purge: Purge },
     /// Remove one message; answers 1, or NotFound.
     DeleteMsg { seq: u64 },
+    /// Work-queue/interest retention: the consumers to wait for.
+    SetConsumers { consumers: Vec<ConsumerInterest> },
+    /// Work-queue/interest retention: (name, catalog id, progress) of
+    /// consumers, read from committed consumer state.
+    Progress {
+        items: Vec<(String, u64, ConsumerProgress)>,
+    },
 }
 
 /// Where a publish landed: a new sequence, or (`duplicate`) the original
@@ -78,6 +91,7 @@ pub struct StoredMessage {
     pub subject: String,
     pub published_ms: i64,
     pub payload: Bytes,
+    pub headers: Vec<(String, String)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -135,6 +149,7 @@ impl StreamMachine {
                         subject: item.subject,
                         published_ms,
                         payload: item.payload,
+                        headers: item.headers,
                     };
                     match bincode::serialize(&stored) {
                         Ok(v) => batch.insert(&appended.seq.to_be_bytes(), v),
@@ -227,6 +242,19 @@ impl StateMachine for StreamMachine {
                     Err(e) => Err(e.into()),
                 };
                 bincode::serialize(&r)
+            }
+            StreamCommand::SetConsumers { consumers } => {
+                let removed = self.state.set_consumers(consumers);
+                self.remove(removed);
+                bincode::serialize(&Batch::Ok(Vec::new()))
+            }
+            StreamCommand::Progress { items } => {
+                let mut removed = Vec::new();
+                for (name, id, progress) in items {
+                    removed.extend(self.state.record_progress(&name, id, progress));
+                }
+                self.remove(removed);
+                bincode::serialize(&Batch::Ok(Vec::new()))
             }
             StreamCommand::DeleteMsg { seq } => {
                 let r: RemovedCount = match self.state.delete(seq) {

@@ -42,12 +42,14 @@ impl StreamWriter {
         subject: String,
         payload: Bytes,
         msg_id: Option<String>,
+        headers: Vec<(String, String)>,
     ) -> Result<PublishOutcome> {
         let (reply, rx) = oneshot::channel();
         let item = PublishItem {
             subject,
             payload,
             msg_id,
+            headers,
         };
         self.tx
             .send((item, reply))

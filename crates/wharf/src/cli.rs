@@ -190,6 +190,12 @@ pub struct StreamAddArgs {
     /// --max-age if shorter).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub dupe_window: Option<std::time::Duration>,
+    /// When messages leave the stream besides the limits: limits (never),
+    /// workqueue (once the one consumer matching it has acked, termed or
+    /// given up on it; consumers may not overlap) or interest (once every
+    /// consumer whose filter matches has). Fixed once the stream exists.
+    #[arg(long, default_value = "limits", value_parser = ["limits", "workqueue", "interest"])]
+    pub retention: String,
     #[arg(long)]
     pub json: bool,
 }
@@ -250,8 +256,18 @@ pub struct PubArgs {
     /// the original sequence and stored only once.
     #[arg(long)]
     pub id: Option<String>,
+    /// A header, Name:value; repeat for more.
+    #[arg(short = 'H', long = "header", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    match s.split_once(':') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("expected Name:value, got {s:?}")),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -360,6 +376,12 @@ pub struct ConsumerAddArgs {
     /// Labels for operators, key=value; repeat for more.
     #[arg(long = "metadata", value_parser = parse_key_value)]
     pub metadata: Vec<(String, String)>,
+    /// Publish a copy of every message that is termed or reaches
+    /// --max-deliver to this subject, once, with Wharf-Dead-Letter-* headers
+    /// naming stream, consumer, subject, sequence, deliveries and reason
+    /// (create a stream on the subject to keep them).
+    #[arg(long)]
+    pub dead_letter_subject: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -387,6 +409,9 @@ pub struct ConsumerEditArgs {
     pub backoff: Option<Vec<std::time::Duration>>,
     #[arg(long)]
     pub redeliver_on_disconnect: Option<bool>,
+    /// Dead-letter subject; an empty string turns dead-lettering off.
+    #[arg(long)]
+    pub dead_letter_subject: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -14,10 +14,9 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
         Command::Stream(cmd) => stream(&client, cmd).await,
         Command::Pub(args) => {
             let payload = args.payload.into_bytes();
-            let ack = match &args.id {
-                Some(id) => client.publish_with_id(&args.subject, payload, id).await?,
-                None => client.publish(&args.subject, payload).await?,
-            };
+            let headers = args.headers.into_iter().collect();
+            let id = args.id.as_deref().unwrap_or_default();
+            let ack = (client.publish_with_headers(&args.subject, payload, id, headers)).await?;
             if args.json {
                 let mut v = serde_json::json!({"stream": ack.stream, "seq": ack.seq});
                 if ack.duplicate {
@@ -68,6 +67,11 @@ async fn stream(client: &Client, cmd: StreamCmd) -> Result<()> {
                 max_msgs_per_subject: a.max_msgs_per_subject,
                 discard: discard_policy(&a.discard) as i32,
                 duplicate_window_ms: a.dupe_window.map(ms).transpose()?.unwrap_or(0),
+                retention: match a.retention.as_str() {
+                    "workqueue" => pb::RetentionPolicy::RetentionWorkqueue,
+                    "interest" => pb::RetentionPolicy::RetentionInterest,
+                    _ => pb::RetentionPolicy::RetentionLimits,
+                } as i32,
             };
             let info = client.add_stream(config).await?;
             print_stream(&info, a.json)
@@ -201,6 +205,7 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
                 max_deliver: a.max_deliver,
                 backoff_ms: a.backoff.into_iter().map(ms).collect::<Result<_>>()?,
                 redeliver_on_disconnect: a.redeliver_on_disconnect,
+                dead_letter_subject: a.dead_letter_subject.unwrap_or_default(),
             };
             print_consumer(&client.add_consumer(&a.stream, config).await?, a.json)
         }
@@ -221,6 +226,9 @@ async fn consumer(client: &Client, cmd: ConsumerCmd) -> Result<()> {
             }
             if let Some(b) = e.backoff {
                 config.backoff_ms = b.into_iter().map(ms).collect::<Result<_>>()?;
+            }
+            if let Some(d) = e.dead_letter_subject {
+                config.dead_letter_subject = d;
             }
             if let Some(r) = e.redeliver_on_disconnect {
                 config.redeliver_on_disconnect = r;

@@ -54,7 +54,7 @@ pub fn stream_json(info: &pb::StreamInfo) -> Value {
         "config": {
             "name": c.name,
             "subjects": c.subjects,
-            "retention": "limits",
+            "retention": retention_name(c.retention),
             "num_replicas": c.replicas,
             "max_msgs": c.max_msgs,
             "max_bytes": c.max_bytes,
@@ -84,7 +84,7 @@ pub fn stream_text(info: &pb::StreamInfo) -> String {
         &[
             ("Subjects", c.subjects.join(", ")),
             ("Replicas", c.replicas.to_string()),
-            ("Retention", "Limits".into()),
+            ("Retention", capitalized(retention_name(c.retention))),
             ("Discard Policy", capitalized(discard_name(c.discard))),
             ("Duplicate Window", duration_ms(c.duplicate_window_ms)),
             ("Maximum Messages", limit(c.max_msgs)),
@@ -126,6 +126,21 @@ pub fn stream_text(info: &pb::StreamInfo) -> String {
         out += &subjects_text(&s);
     }
     out
+}
+
+fn retention_name(policy: i32) -> &'static str {
+    match pb::RetentionPolicy::try_from(policy) {
+        Ok(pb::RetentionPolicy::RetentionWorkqueue) => "workqueue",
+        Ok(pb::RetentionPolicy::RetentionInterest) => "interest",
+        _ => "limits",
+    }
+}
+
+/// Headers sorted by name, one `Name: value` per line.
+fn headers_text<'a>(headers: impl IntoIterator<Item = (&'a String, &'a String)>) -> String {
+    let mut sorted: Vec<_> = headers.into_iter().collect();
+    sorted.sort();
+    sorted.iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
 }
 
 fn discard_name(policy: i32) -> &'static str {
@@ -207,15 +222,18 @@ pub fn stored_message_json(m: &pb::StreamMessage) -> Value {
         "seq": m.seq,
         "time": time(m.published_ms),
         "data": String::from_utf8_lossy(&m.payload),
+        "headers": m.headers,
     })
 }
 
 pub fn stored_message_text(stream: &str, m: &pb::StreamMessage) -> String {
     format!(
-        "Item: {stream}#{} received {} on Subject {}\n\n{}\n",
+        "Item: {stream}#{} received {} on Subject {}\n\n{}{}{}\n",
         m.seq,
         time(m.published_ms),
         m.subject,
+        headers_text(&m.headers),
+        if m.headers.is_empty() { "" } else { "\n" },
         String::from_utf8_lossy(&m.payload)
     )
 }
@@ -320,6 +338,7 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
             "ack_wait": c.ack_wait_ms.saturating_mul(1_000_000),
             "max_ack_pending": c.max_ack_pending,
             "max_waiting": c.max_waiting,
+            "dead_letter_subject": (!c.dead_letter_subject.is_empty()).then_some(&c.dead_letter_subject),
         },
         "delivered": { "consumer_seq": d.consumer_seq, "stream_seq": d.stream_seq },
         "ack_floor": { "consumer_seq": f.consumer_seq, "stream_seq": f.stream_seq },
@@ -331,6 +350,8 @@ pub fn consumer_json(info: &pb::ConsumerInfo) -> Value {
         "paused": info.paused,
         "pause_remaining": info.pause_remaining_ms.saturating_mul(1_000_000),
         "num_max_delivered": info.num_exhausted,
+        "num_dead_lettered": info.num_dead_lettered,
+        "dead_letter_backlog": info.dead_letter_backlog,
         "cluster": { "leader": cl.leader, "replicas": cl.replicas, "term": cl.term },
     })
 }
@@ -367,6 +388,14 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
             ("Max Waiting Pulls", thousands(c.max_waiting.max(0) as u64)),
             ("Max Deliver", limit(c.max_deliver)),
             ("Backoff", backoff_text(&c.backoff_ms)),
+            (
+                "Dead-Letter Subject",
+                if c.dead_letter_subject.is_empty() {
+                    "none".into()
+                } else {
+                    c.dead_letter_subject.clone()
+                },
+            ),
             (
                 "Redeliver On Disconnect",
                 c.redeliver_on_disconnect.to_string(),
@@ -429,6 +458,7 @@ pub fn consumer_text(info: &pb::ConsumerInfo) -> String {
             ("Redelivered Messages", thousands(info.num_redelivered)),
             ("Terminated Messages", thousands(info.num_terminated)),
             ("Max Delivered Messages", thousands(info.num_exhausted)),
+            ("Dead-Lettered Messages", thousands(info.num_dead_lettered)),
             ("Unprocessed Messages", thousands(info.num_pending)),
             (
                 "Waiting Pulls",
@@ -471,18 +501,21 @@ pub fn message_json(m: &Message) -> Value {
         "stream_seq": m.stream_seq,
         "consumer_seq": m.consumer_seq,
         "delivered": m.delivered,
+        "headers": m.headers,
         "payload": String::from_utf8_lossy(&m.payload),
     })
 }
 
 pub fn message_text(m: &Message) -> String {
     format!(
-        "[{}] subject: {} stream sequence: {} consumer sequence: {} delivered: {}\n\n{}\n\n",
+        "[{}] subject: {} stream sequence: {} consumer sequence: {} delivered: {}\n\n{}{}{}\n\n",
         time(m.published_ms),
         m.subject,
         m.stream_seq,
         m.consumer_seq,
         m.delivered,
+        headers_text(&m.headers),
+        if m.headers.is_empty() { "" } else { "\n" },
         String::from_utf8_lossy(&m.payload)
     )
 }
