@@ -1,4 +1,5 @@
-//! Generates the gRPC code with a vendored protoc, so a build needs only cargo.
+//! Generates the gRPC code with a vendored protoc, so a build needs only cargo,
+//! and the encoded file descriptor set that server reflection serves.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Read at run time: a build script binary may be reused from a checkout
@@ -15,6 +16,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     config.bytes(["."]);
-    tonic_prost_build::configure().compile_with_config(config, &files, &[proto_dir])?;
+    // The encoded descriptors of both files, for gRPC server reflection.
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("wharf_descriptor.bin"))
+        .compile_with_config(config, &files, &[proto_dir])?;
     Ok(())
 }

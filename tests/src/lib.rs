@@ -19,6 +19,9 @@ use wharf_client::{proto as pb, Client};
 #[path = "../chaos/mod.rs"]
 pub mod chaos;
 
+/// Scraping and reading a node's Prometheus `/metrics`.
+pub mod metrics;
+
 /// The `wharf` binary built for this test run (target/<profile>/wharf).
 pub fn wharf_bin() -> PathBuf {
     if let Ok(p) = std::env::var("WHARF_BIN") {
@@ -43,6 +46,8 @@ fn free_port() -> u16 {
 pub struct NodeProc {
     pub id: u64,
     pub addr: String,
+    /// Where the node serves Prometheus `/metrics` (HTTP).
+    pub metrics_addr: String,
     pub data: PathBuf,
     child: Option<Child>,
 }
@@ -64,6 +69,7 @@ impl Cluster {
             .map(|id| NodeProc {
                 id,
                 addr: format!("127.0.0.1:{}", free_port()),
+                metrics_addr: format!("127.0.0.1:{}", free_port()),
                 data: dir.path().join(format!("node-{id}")),
                 child: None,
             })
@@ -115,6 +121,7 @@ impl Cluster {
             .arg("--data")
             .arg(&node.data)
             .args(["--peers", &peers])
+            .args(["--metrics-listen", &node.metrics_addr])
             .args(&extra)
             .env("WHARF_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
@@ -332,6 +339,7 @@ impl Cluster {
             nodes.push(NodeProc {
                 id,
                 addr: format!("{ip}:{port}"),
+                metrics_addr: format!("127.0.0.1:{}", free_port()),
                 data: dir.path().join(format!("node-{id}")),
                 child: None,
             });

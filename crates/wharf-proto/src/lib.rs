@@ -6,6 +6,10 @@
 
 #![allow(clippy::all)]
 
+/// The encoded `FileDescriptorSet` of `wharf.v1` and `wharf.v1.raft`, for
+/// gRPC server reflection (`tonic-reflection`).
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("wharf_descriptor");
+
 pub mod v1 {
     tonic::include_proto!("wharf.v1");
 

@@ -72,6 +72,7 @@ fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
         committed: m.local_committed.as_ref().map(|l| l.index).unwrap_or(0),
         last_applied: m.last_applied.as_ref().map(|l| l.index).unwrap_or(0),
         voters: m.membership_config.membership().voter_ids().collect(),
+        leader_changes: 0,
     }
 }
 
@@ -91,7 +92,10 @@ impl Group {
         lease_wait: Duration,
     ) -> Self {
         let mut metrics = raft.metrics();
-        let initial = status_from(id, &metrics.borrow_watched());
+        let mut initial = status_from(id, &metrics.borrow_watched());
+        let mut leader = initial.leader;
+        let mut leader_changes = u64::from(leader.is_some());
+        initial.leader_changes = leader_changes;
         let (tx, rx) = watch::channel(initial);
         // Mirrors openraft's metrics until the Raft core is gone. Holds no Raft
         // handle, so it never keeps a stopped group alive.
@@ -101,7 +105,14 @@ impl Group {
                     tx.send_modify(|s| s.role = Role::Shutdown);
                     break;
                 }
-                let status = status_from(id, &metrics.borrow_watched());
+                let mut status = status_from(id, &metrics.borrow_watched());
+                // Counted when a (new) leader becomes known, not when the
+                // old one is lost: an election that fails is not a change.
+                if status.leader.is_some() && status.leader != leader {
+                    leader_changes += 1;
+                    leader = status.leader;
+                }
+                status.leader_changes = leader_changes;
                 if tx.send(status).is_err() {
                     break;
                 }

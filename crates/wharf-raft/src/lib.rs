@@ -123,4 +123,7 @@ pub struct GroupStatus {
     pub last_applied: u64,
     /// Voters of the current membership.
     pub voters: Vec<NodeId>,
+    /// How many times this node has seen the group's known leader change
+    /// to another node since the group started here (a counter for metrics).
+    pub leader_changes: u64,
 }

@@ -19,7 +19,7 @@ use crate::node::NodeInner;
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 const READY_SERVICES: [&str; 3] = ["", "ready", "wharf.v1.Wharf"];
 
-fn ready(node: &NodeInner) -> bool {
+pub(crate) fn ready(node: &NodeInner) -> bool {
     let meta = node.meta.status();
     meta.leader.is_some() && meta.last_applied >= meta.committed
 }

@@ -8,6 +8,9 @@
 //! - `service`, `routing`, `forward`, `status`: the gRPC front end, and forwarding
 //!   to whichever node leads the group a call needs.
 //! - `error`: the crate's one error enum and its one conversion to gRPC status.
+//! - `metrics`, `metrics_text`, `metrics_http`, `grpc_metrics`: Prometheus
+//!   `/metrics` on its own port, and the gRPC call metrics layer.
+//! - `health`, `reflection`: the standard gRPC health and reflection services.
 
 mod consumer_runtime;
 mod consumer_sm;
@@ -15,10 +18,15 @@ mod convert;
 mod dead_letter;
 pub mod error;
 mod forward;
+mod grpc_metrics;
 mod headers;
 mod health;
 pub mod meta;
+pub mod metrics;
+mod metrics_http;
+pub mod metrics_text;
 mod node;
+mod reflection;
 mod routing;
 mod service;
 mod status;

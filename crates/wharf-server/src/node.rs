@@ -37,6 +37,8 @@ pub struct NodeConfig {
     /// Every node of the cluster, this one included: id -> "host:port".
     pub peers: BTreeMap<NodeId, String>,
     pub raft: RaftSettings,
+    /// Where to serve Prometheus `/metrics` over HTTP; `None` serves none.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl NodeConfig {
@@ -93,6 +95,8 @@ pub(crate) struct NodeInner {
     pub next_session: AtomicU64,
     /// Set when shutdown begins: health turns NOT_SERVING.
     pub draining: std::sync::atomic::AtomicBool,
+    /// gRPC call counts and latencies, filled by the server's layer.
+    pub grpc_metrics: Arc<crate::grpc_metrics::GrpcMetrics>,
 }
 
 impl NodeInner {
@@ -143,6 +147,12 @@ impl Node {
         let local_addr = listener
             .local_addr()
             .map_err(|e| ServerError::Internal(e.to_string()))?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                ServerError::Invalid(format!("cannot listen for metrics on {addr}: {e}"))
+            })?),
+            None => None,
+        };
         let mut settings = config.raft.clone();
         if settings.bind_ip.is_none() && !config.listen.ip().is_unspecified() {
             settings.bind_ip = Some(config.listen.ip());
@@ -166,6 +176,7 @@ impl Node {
             local: Mutex::new(Local::default()),
             next_session: AtomicU64::new(1),
             draining: Default::default(),
+            grpc_metrics: Default::default(),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let server = tokio::spawn(crate::service::serve(
@@ -173,6 +184,13 @@ impl Node {
             listener,
             shutdown_rx.clone(),
         ));
+        if let Some(listener) = metrics_listener {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+            }
+            let serve = crate::metrics_http::serve(inner.clone(), listener, shutdown_rx.clone());
+            tokio::spawn(serve);
+        }
         tokio::spawn(reconcile_loop(inner.clone(), shutdown_rx));
         tracing::info!(node = inner.id(), addr = %local_addr, "wharf node started");
         Ok(Node {

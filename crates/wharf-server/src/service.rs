@@ -45,11 +45,16 @@ pub async fn serve(
     ));
     let wharf = WharfServer::new(WharfService { node: node.clone() })
         .max_decoding_message_size(2 * MAX_MSG_SIZE_LIMIT as usize);
+    let (reflection, reflection_alpha) = crate::reflection::services().unzip();
+    let metered = crate::grpc_metrics::GrpcMetricsLayer::new(node.grpc_metrics.clone());
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .layer(metered)
         .add_service(health)
+        .add_optional_service(reflection)
+        .add_optional_service(reflection_alpha)
         .add_service(wharf)
         .add_service(node.raft.transport_service())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {

@@ -51,11 +51,12 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ServerArgs {
     /// A TOML file with any of the settings below (node_id, listen, data,
-    /// peers, heartbeat_ms, election_min_ms, election_max_ms). Flags and
-    /// environment variables override it.
+    /// peers, heartbeat_ms, election_min_ms, election_max_ms, metrics_listen,
+    /// log_format; see docs/CONFIG.md). Flags and environment variables
+    /// override it.
     #[arg(long, env = "WHARF_CONFIG")]
     pub config: Option<PathBuf>,
     /// This node's id (1 or more; must appear in --peers), or `ordinal`: the
@@ -82,6 +83,14 @@ pub struct ServerArgs {
     /// heard from its leader this recently votes for no one [default: 900].
     #[arg(long, env = "WHARF_ELECTION_MAX_MS")]
     pub election_max_ms: Option<u64>,
+    /// Address to serve Prometheus metrics on over HTTP (GET /metrics),
+    /// e.g. 0.0.0.0:9090 [default: none, no metrics endpoint].
+    #[arg(long, env = "WHARF_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Log lines on stderr as `text` or `json` (one JSON object per line)
+    /// [default: text].
+    #[arg(long, env = "WHARF_LOG_FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -6,16 +6,26 @@ use anyhow::Result;
 use wharf_server::{Node, NodeConfig, RaftSettings};
 
 use crate::cli::{DevArgs, RaftArgs, ServerArgs};
+use crate::server_config::LogFormat;
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WHARF_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(ansi).try_init(),
+        // Fields at the top level, so log pipelines see `node`, `stream`,
+        // `consumer` as keys; the current span list adds little here.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+    };
 }
 
 fn settings(args: &RaftArgs) -> RaftSettings {
@@ -43,7 +53,7 @@ async fn shutdown_signal() {
 }
 
 pub async fn server(args: ServerArgs) -> Result<()> {
-    init_logging();
+    init_logging(crate::server_config::log_format(&args)?);
     let config = crate::server_config::resolve(args)?;
     let node = Node::start(config).await?;
     shutdown_signal().await;
@@ -53,7 +63,7 @@ pub async fn server(args: ServerArgs) -> Result<()> {
 }
 
 pub async fn dev(args: DevArgs) -> Result<()> {
-    init_logging();
+    init_logging(LogFormat::Text);
     let peers: BTreeMap<u64, String> = (1..=3)
         .map(|i| (i, format!("127.0.0.1:{}", 7000 + i)))
         .collect();
@@ -65,6 +75,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             data_dir: args.data.join(format!("node-{id}")),
             peers: peers.clone(),
             raft: settings(&args.raft),
+            metrics_listen: None,
         };
         nodes.push(Node::start(config).await?);
     }

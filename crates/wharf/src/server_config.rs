@@ -24,6 +24,35 @@ pub struct FileConfig {
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
+    metrics_listen: Option<String>,
+    log_format: Option<LogFormat>,
+}
+
+/// How `wharf server` writes its log lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (tracing-subscriber's json format).
+    Json,
+}
+
+/// The log format from the flag, its environment variable, or the file.
+/// Read before the rest of the settings so that their errors are logged in it.
+pub fn log_format(args: &ServerArgs) -> Result<LogFormat> {
+    match args.log_format.as_deref() {
+        Some("json") => return Ok(LogFormat::Json),
+        Some("text") => return Ok(LogFormat::Text),
+        Some(other) => bail!("bad --log-format {other:?}: expected text or json"),
+        None => {}
+    }
+    let file = match &args.config {
+        Some(path) => load_file(path)?,
+        None => FileConfig::default(),
+    };
+    Ok(file.log_format.unwrap_or_default())
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,6 +180,13 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         }
         (None, None) => bail!("--peers is required"),
     };
+    let metrics_listen = match args.metrics_listen.or(file.metrics_listen) {
+        Some(s) if !s.is_empty() => Some(
+            s.parse()
+                .with_context(|| format!("bad --metrics-listen address {s:?}"))?,
+        ),
+        _ => None,
+    };
     let defaults = RaftSettings::default();
     let raft = RaftSettings {
         heartbeat_ms: args
@@ -173,6 +209,7 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         data_dir: data,
         peers,
         raft,
+        metrics_listen,
     })
 }
 
@@ -203,6 +240,103 @@ mod tests {
         );
     }
 
+    /// The ```toml block of docs/CONFIG.md.
+    fn documented_example() -> String {
+        let doc = include_str!("../../../docs/CONFIG.md");
+        let start = doc
+            .find("```toml\n")
+            .expect("a toml block in docs/CONFIG.md")
+            + 8;
+        let len = doc[start..].find("```").expect("closed toml block");
+        doc[start..start + len].to_string()
+    }
+
+    #[test]
+    fn documented_example_sets_every_setting() {
+        let example = documented_example();
+        let file: FileConfig = toml::from_str(&example).expect("docs/CONFIG.md example parses");
+        // Every key of the file format appears in the example, so the doc
+        // cannot fall behind a new setting.
+        let FileConfig {
+            node_id,
+            listen,
+            data,
+            peers,
+            heartbeat_ms,
+            election_min_ms,
+            election_max_ms,
+            metrics_listen,
+            log_format,
+        } = file;
+        assert!(node_id.is_some() && listen.is_some() && data.is_some() && peers.is_some());
+        assert!(heartbeat_ms.is_some() && election_min_ms.is_some() && election_max_ms.is_some());
+        assert!(metrics_listen.is_some());
+        assert_eq!(log_format, Some(LogFormat::Json));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wharf.toml");
+        std::fs::write(&path, &example).unwrap();
+        let args = ServerArgs {
+            config: Some(path),
+            node_id: None,
+            listen: None,
+            data: None,
+            peers: None,
+            heartbeat_ms: None,
+            election_min_ms: None,
+            election_max_ms: None,
+            metrics_listen: None,
+            log_format: None,
+        };
+        assert_eq!(log_format_of(&args), LogFormat::Json);
+        let c = resolve(args).expect("the documented example resolves");
+        assert_eq!(c.node_id, 1);
+        assert_eq!(c.listen.port(), 7001);
+        assert_eq!(c.peers.len(), 3);
+        assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9090));
+        assert_eq!(c.raft.election_max_ms, 1600);
+    }
+
+    fn log_format_of(args: &ServerArgs) -> LogFormat {
+        log_format(args).unwrap()
+    }
+
+    #[test]
+    fn metrics_listen_and_log_format_from_flags() {
+        let mut args = ServerArgs {
+            config: None,
+            node_id: Some("1".into()),
+            listen: Some("127.0.0.1:1".into()),
+            data: Some("/d".into()),
+            peers: Some("1=a:1".into()),
+            heartbeat_ms: None,
+            election_min_ms: None,
+            election_max_ms: None,
+            metrics_listen: None,
+            log_format: None,
+        };
+        assert_eq!(log_format_of(&args), LogFormat::Text, "text by default");
+        args.log_format = Some("json".into());
+        assert_eq!(log_format_of(&args), LogFormat::Json);
+        let off = ServerArgs {
+            metrics_listen: Some(String::new()),
+            ..args.clone()
+        };
+        assert_eq!(resolve(off).unwrap().metrics_listen, None, "empty is off");
+        assert_eq!(
+            resolve(args.clone()).unwrap().metrics_listen,
+            None,
+            "off by default"
+        );
+        let bad = ServerArgs {
+            metrics_listen: Some("nope".into()),
+            ..args.clone()
+        };
+        let err = resolve(bad).unwrap_err().to_string();
+        assert!(err.contains("--metrics-listen"), "{err}");
+        assert!(toml::from_str::<FileConfig>("log_format = \"yaml\"").is_err());
+    }
+
     #[test]
     fn flags_override_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -217,6 +351,8 @@ mod tests {
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
+            metrics_listen: None,
+            log_format: None,
         };
         let c = resolve(args).unwrap();
         assert_eq!(c.node_id, 2);
