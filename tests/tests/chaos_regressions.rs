@@ -17,7 +17,7 @@ use wharf_tests::Cluster;
 /// Long enough that only a re-route (not keep-alive, not the resume) can
 /// finish the publish in time.
 const PAUSE: Duration = Duration::from_secs(20);
-/// Election (800-1600 ms timeout) plus re-routing, generously.
+/// Election (500-900 ms timeout, 900 ms lease) plus re-routing, generously.
 const BOUND: Duration = Duration::from_secs(8);
 
 async fn cluster_with_stream() -> anyhow::Result<(Cluster, u64)> {
