@@ -5,8 +5,8 @@
 //! openraft's metrics. It translates openraft's errors into [`RaftError`].
 //!
 //! Invariants:
-//! - `status()` never blocks and never fails; after the group stops (or hits a
-//!   fatal error) it reports `Role::Shutdown`.
+//! - `status()` never blocks and never fails; after the group stops it
+//!   reports `Role::Shutdown`, after a fatal (storage) error `Role::Failed`.
 //! - `write` resolves only after the command is committed *and* applied here.
 //!
 //! Not here: forwarding to the leader (the server does it on `NotLeader`) and
@@ -52,8 +52,9 @@ struct GroupInner {
 }
 
 fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
-    let role = if m.running_state.is_err() {
-        Role::Shutdown
+    let error = m.running_state.as_ref().err().map(|e| e.to_string());
+    let role = if error.is_some() {
+        Role::Failed
     } else {
         match m.state {
             ServerState::Leader => Role::Leader,
@@ -73,6 +74,7 @@ fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
         last_applied: m.last_applied.as_ref().map(|l| l.index).unwrap_or(0),
         voters: m.membership_config.membership().voter_ids().collect(),
         leader_changes: 0,
+        error,
     }
 }
 
@@ -102,7 +104,12 @@ impl Group {
         tokio::spawn(async move {
             loop {
                 if metrics.changed().await.is_err() {
-                    tx.send_modify(|s| s.role = Role::Shutdown);
+                    // A failed group stays reported as failed.
+                    tx.send_modify(|s| {
+                        if s.role != Role::Failed {
+                            s.role = Role::Shutdown;
+                        }
+                    });
                     break;
                 }
                 let mut status = status_from(id, &metrics.borrow_watched());

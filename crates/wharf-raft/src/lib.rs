@@ -19,6 +19,7 @@
 //! re-placement after a storage error (the caller sees `Role::Shutdown`).
 
 mod error;
+mod fault;
 mod flusher;
 mod group;
 mod log_store;
@@ -100,8 +101,11 @@ pub enum Role {
     Candidate,
     /// Not a voter (or not initialized yet).
     Learner,
-    /// Stopped, or failed with a fatal (storage) error.
+    /// Stopped on purpose.
     Shutdown,
+    /// Stopped by a fatal error (a storage failure); only this group is
+    /// affected. `GroupStatus::error` says why.
+    Failed,
 }
 
 /// A snapshot of a group's Raft state, as seen by this node.
@@ -123,6 +127,8 @@ pub struct GroupStatus {
     pub last_applied: u64,
     /// Voters of the current membership.
     pub voters: Vec<NodeId>,
+    /// Why the group failed (with [`Role::Failed`]).
+    pub error: Option<String>,
     /// How many times this node has seen the group's known leader change
     /// to another node since the group started here (a counter for metrics).
     pub leader_changes: u64,

@@ -30,6 +30,7 @@ use openraft::LogState;
 use openraft::OptionalSend;
 use openraft::RaftLogReader;
 
+use crate::fault::AppendFault;
 use crate::flusher::Flusher;
 use crate::types::decode;
 use crate::types::encode;
@@ -55,6 +56,8 @@ pub(crate) struct LogStore {
     log: sled::Tree,
     meta: sled::Tree,
     flusher: Flusher,
+    /// An injected storage fault (tests only; see `fault`).
+    fault: Option<AppendFault>,
 }
 
 impl LogStore {
@@ -63,6 +66,7 @@ impl LogStore {
         db: &sled::Db,
         group_id: GroupId,
         flusher: Flusher,
+        fault: Option<AppendFault>,
     ) -> sled::Result<(Self, sled::Tree)> {
         let (log_name, meta_name) = tree_names(group_id);
         let log = db.open_tree(log_name)?;
@@ -72,6 +76,7 @@ impl LogStore {
                 log,
                 meta: meta.clone(),
                 flusher,
+                fault,
             },
             meta,
         ))
@@ -179,6 +184,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        if self.fault.as_ref().is_some_and(AppendFault::hit) {
+            return Err(io::Error::other(
+                "injected storage fault (WHARF_FAULT_FAIL_GROUP)",
+            ));
+        }
         let mut batch = sled::Batch::default();
         for entry in entries {
             let bytes = encode(&entry).map_err(io_err)?;

@@ -186,7 +186,9 @@ impl RaftNode {
         if members.is_empty() {
             return Err(RaftError::Config(format!("group {group_id}: no members")));
         }
-        let (log_store, meta_tree) = LogStore::open(&self.db, group_id, self.flusher.clone())?;
+        let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
+        let (log_store, meta_tree) =
+            LogStore::open(&self.db, group_id, self.flusher.clone(), fault)?;
         let sm_store = SmStore::new(sm.clone(), meta_tree, self.flusher.clone())
             .map_err(|e| RaftError::Storage(e.to_string()))?;
         let network = NetworkFactory {

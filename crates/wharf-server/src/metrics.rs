@@ -78,13 +78,7 @@ pub struct Snapshot {
 }
 
 fn role_label(role: &Role) -> &'static str {
-    match role {
-        Role::Leader => "leader",
-        Role::Follower => "follower",
-        Role::Candidate => "candidate",
-        Role::Learner => "learner",
-        Role::Shutdown => "shutdown",
-    }
+    crate::status::role_name(role)
 }
 
 const ROLES: [&str; 5] = ["leader", "follower", "candidate", "learner", "shutdown"];
@@ -407,6 +401,7 @@ mod tests {
             last_applied: 10,
             voters: vec![1, 2, 3],
             leader_changes: 2,
+            error: None,
         }
     }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use wharf_proto::v1 as pb;
-use wharf_raft::Group;
+use wharf_raft::{Group, Role};
 
 use crate::meta::META_GROUP;
 use crate::node::NodeInner;
@@ -21,6 +21,7 @@ fn group_status(
     replicas: Vec<u64>,
 ) -> pb::GroupStatus {
     let status = group.map(|g| g.status());
+    let local_role = status.as_ref().map(|s| role_name(&s.role)).unwrap_or("");
     pb::GroupStatus {
         group_id: id,
         kind: kind.to_string(),
@@ -29,6 +30,20 @@ fn group_status(
         term: status.as_ref().map(|s| s.term).unwrap_or(0),
         replicas,
         last_applied: status.as_ref().map(|s| s.last_applied).unwrap_or(0),
+        local_role: local_role.to_string(),
+        local_error: status.and_then(|s| s.error).unwrap_or_default(),
+    }
+}
+
+/// How a role is named in status, metrics and logs.
+pub fn role_name(role: &Role) -> &'static str {
+    match role {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::Learner => "learner",
+        Role::Shutdown => "shutdown",
+        Role::Failed => "failed",
     }
 }
 

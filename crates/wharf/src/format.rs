@@ -527,6 +527,7 @@ pub fn cluster_json(s: &pb::ClusterStatusResponse) -> Value {
         "groups": s.groups.iter().map(|g| json!({
             "group_id": g.group_id, "kind": g.kind, "name": g.name, "leader": g.leader,
             "term": g.term, "replicas": g.replicas, "last_applied": g.last_applied,
+            "local_role": g.local_role, "local_error": g.local_error,
         })).collect::<Vec<_>>(),
     })
 }
@@ -545,8 +546,8 @@ pub fn cluster_text(s: &pb::ClusterStatusResponse) -> String {
         );
     }
     out += &format!(
-        "\nGroups:\n\n  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n",
-        "Group", "Kind", "Name", "Leader", "Term", "Replicas"
+        "\nGroups:\n\n  {:>5}  {:<9} {:<32} {:>6} {:>6}  {:<10} {}\n",
+        "Group", "Kind", "Name", "Leader", "Term", "Here", "Replicas"
     );
     for g in &s.groups {
         let leader = if g.leader == 0 {
@@ -554,15 +555,24 @@ pub fn cluster_text(s: &pb::ClusterStatusResponse) -> String {
         } else {
             g.leader.to_string()
         };
+        let here = if g.local_role.is_empty() {
+            "-"
+        } else {
+            g.local_role.as_str()
+        };
         out += &format!(
-            "  {:>5}  {:<9} {:<32} {:>6} {:>6}  {}\n",
+            "  {:>5}  {:<9} {:<32} {:>6} {:>6}  {:<10} {}\n",
             g.group_id,
             g.kind,
             g.name,
             leader,
             g.term,
+            here,
             replicas(&g.replicas)
         );
+        if !g.local_error.is_empty() {
+            out += &format!("         failed here: {}\n", g.local_error);
+        }
     }
     out
 }
