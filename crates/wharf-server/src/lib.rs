@@ -8,15 +8,23 @@
 //! - `service`, `routing`, `forward`, `status`: the gRPC front end, and forwarding
 //!   to whichever node leads the group a call needs.
 //! - `error`: the crate's one error enum and its one conversion to gRPC status.
+//! - `limits`, `conn_limit`, `request_check`: server-wide limits, per-client
+//!   connection and pull-session counts, stateless request validation
+//!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
 mod consumer_runtime;
+mod conn_limit;
 mod consumer_sm;
 mod convert;
 pub mod error;
 mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
+pub mod limits;
 pub mod meta;
 mod node;
+pub mod request_check;
 mod routing;
 mod service;
 mod status;
@@ -27,5 +35,6 @@ mod stream_writer;
 mod util;
 
 pub use error::ServerError;
+pub use limits::Limits;
 pub use node::{Node, NodeConfig};
 pub use wharf_raft::RaftSettings;

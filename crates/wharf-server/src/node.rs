@@ -37,6 +37,8 @@ pub struct NodeConfig {
     /// Every node of the cluster, this one included: id -> "host:port".
     pub peers: BTreeMap<NodeId, String>,
     pub raft: RaftSettings,
+    /// Server-wide limits (see `limits`).
+    pub limits: crate::limits::Limits,
 }
 
 impl NodeConfig {
@@ -44,6 +46,7 @@ impl NodeConfig {
         if self.node_id == 0 {
             return Err(ServerError::Invalid("node id must be 1 or more".into()));
         }
+        self.limits.validate()?;
         if !self.peers.contains_key(&self.node_id) {
             return Err(ServerError::Invalid(format!(
                 "--peers must include this node ({})",
@@ -93,6 +96,8 @@ pub(crate) struct NodeInner {
     pub next_session: AtomicU64,
     /// Set when shutdown begins: health turns NOT_SERVING.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Open pull sessions per client (`max_pulls_per_client`).
+    pub pull_sessions: Arc<crate::limits::ClientCounts>,
 }
 
 impl NodeInner {
@@ -166,6 +171,7 @@ impl Node {
             local: Mutex::new(Local::default()),
             next_session: AtomicU64::new(1),
             draining: Default::default(),
+            pull_sessions: Default::default(),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let server = tokio::spawn(crate::service::serve(

@@ -81,6 +81,9 @@ pub struct ServerArgs {
     /// Largest election timeout [default: 1600].
     #[arg(long, env = "WHARF_ELECTION_MAX_MS")]
     pub election_max_ms: Option<u64>,
+    /// Server-wide limits (also the `[limits]` table of --config).
+    #[command(flatten)]
+    pub limits: crate::limits_config::LimitArgs,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -65,6 +65,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             data_dir: args.data.join(format!("node-{id}")),
             peers: peers.clone(),
             raft: settings(&args.raft),
+            limits: Default::default(),
         };
         nodes.push(Node::start(config).await?);
     }

@@ -24,6 +24,7 @@ pub struct FileConfig {
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
+    limits: Option<crate::limits_config::LimitsFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,6 +174,7 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         data_dir: data,
         peers,
         raft,
+        limits: crate::limits_config::resolve(&args.limits, file.limits),
     })
 }
 
@@ -217,6 +219,7 @@ mod tests {
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
+            limits: Default::default(),
         };
         let c = resolve(args).unwrap();
         assert_eq!(c.node_id, 2);
