@@ -324,10 +324,14 @@ async fn limits_per_client_connections_and_pull_sessions() -> anyhow::Result<()>
     // Ending a session frees its place on that node.
     drop(sessions.remove(0));
     let c1 = &mut conns[0];
-    let reopened = eventually("a freed pull session place", Duration::from_secs(10), || {
-        let mut c = c1.clone();
-        async move { open_session(&mut c, "JOBS", "work").await.ok() }
-    })
+    let reopened = eventually(
+        "a freed pull session place",
+        Duration::from_secs(10),
+        || {
+            let mut c = c1.clone();
+            async move { open_session(&mut c, "JOBS", "work").await.ok() }
+        },
+    )
     .await?;
     drop(reopened);
 

@@ -38,7 +38,10 @@ pub fn subject(data: &[u8]) {
     let a_filter = validate_filter(&a).is_ok();
     let b_subject = validate_subject(&b).is_ok();
     let b_filter = validate_filter(&b).is_ok();
-    assert!(!a_subject || a_filter, "a valid subject is a valid filter: {a:?}");
+    assert!(
+        !a_subject || a_filter,
+        "a valid subject is a valid filter: {a:?}"
+    );
     // Matching and overlap are total functions: call them on anything.
     let matched = subject_matches(&a, &b);
     let overlap = filters_overlap(&a, &b);
@@ -73,9 +76,12 @@ pub fn config(data: &[u8]) {
         if let Ok(config) = check::check_add_stream(&limits, &req) {
             // What the server stored reads back and validates the same.
             let again = crate::convert::stream_config_to_pb(&config);
-            let back = check::check_add_stream(&limits, &pb::AddStreamRequest {
-                config: Some(again),
-            });
+            let back = check::check_add_stream(
+                &limits,
+                &pb::AddStreamRequest {
+                    config: Some(again),
+                },
+            );
             assert_eq!(back.as_ref(), Ok(&config), "stream config round trip");
             assert_eq!(config.check_update(&config), Ok(()));
         }

@@ -12,8 +12,8 @@
 //!   connection and pull-session counts, stateless request validation
 //!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
-mod consumer_runtime;
 mod conn_limit;
+mod consumer_runtime;
 mod consumer_sm;
 mod convert;
 pub mod error;

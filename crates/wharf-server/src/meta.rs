@@ -201,7 +201,12 @@ impl Catalog {
 
     /// Would `command` add a stream or consumer beyond the counts? Re-adding
     /// an existing one is not a new one.
-    fn check_counts(&self, command: &MetaCommand, max_streams: u32, max_consumers: u32) -> Result<()> {
+    fn check_counts(
+        &self,
+        command: &MetaCommand,
+        max_streams: u32,
+        max_consumers: u32,
+    ) -> Result<()> {
         match command {
             MetaCommand::AddStream { config, .. }
                 if !self.streams.contains_key(&config.name)

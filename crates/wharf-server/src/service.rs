@@ -19,12 +19,12 @@ use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
 use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX};
 use crate::consumer_sm::AckKind;
-use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
-use crate::request_check::{check_publish, check_pull};
 use crate::error::{Result, ServerError};
 use crate::forward::{hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
+use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
+use crate::request_check::{check_publish, check_pull};
 use crate::routing::Route;
 use crate::util::now_ms;
 

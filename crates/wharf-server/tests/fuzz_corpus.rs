@@ -42,7 +42,11 @@ fn fuzz_seeds_and_regressions_replay_without_panics() {
         for path in seeds.iter().chain(inputs("regressions", target).iter()) {
             let data = std::fs::read(path).expect("read input");
             let run = std::panic::catch_unwind(|| body(&data));
-            assert!(run.is_ok(), "fuzz target {target} panics on {}", path.display());
+            assert!(
+                run.is_ok(),
+                "fuzz target {target} panics on {}",
+                path.display()
+            );
             total += 1;
         }
     }
@@ -127,9 +131,21 @@ fn write_seeds() {
         })),
     };
     write("request", "publish", tagged(0, publish.encode_to_vec()));
-    write("request", "add_stream", tagged(1, add_stream.encode_to_vec()));
-    write("request", "add_consumer", tagged(2, add_consumer.encode_to_vec()));
-    write("request", "consume_pull", tagged(3, consume.encode_to_vec()));
+    write(
+        "request",
+        "add_stream",
+        tagged(1, add_stream.encode_to_vec()),
+    );
+    write(
+        "request",
+        "add_consumer",
+        tagged(2, add_consumer.encode_to_vec()),
+    );
+    write(
+        "request",
+        "consume_pull",
+        tagged(3, consume.encode_to_vec()),
+    );
     write("request", "consume_ack", tagged(3, ack.encode_to_vec()));
     write("request", "pull", tagged(4, pull.encode_to_vec()));
 }
