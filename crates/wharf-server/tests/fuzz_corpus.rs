@@ -120,7 +120,7 @@ fn write_seeds() {
         ..Default::default()
     };
     let consume = pb::ConsumeRequest {
-        kind: Some(pb::consume_request::Kind::Pull(pull.clone())),
+        kind: Some(pb::consume_request::Kind::Pull(pull)),
     };
     let ack = pb::ConsumeRequest {
         kind: Some(pb::consume_request::Kind::Ack(pb::AckRequest {
