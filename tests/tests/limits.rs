@@ -162,7 +162,12 @@ async fn limits_on_sizes_and_counts_answer_with_their_error() -> anyhow::Result<
     assert_status(
         c.publish(publish("orders.a", 80_000)).await,
         Code::OutOfRange,
-        "70000",
+        "decoded message length too large",
+    );
+    assert_status(
+        c.publish(publish("orders.a", 80_000)).await,
+        Code::OutOfRange,
+        "the limit is: 70000 bytes",
     );
     // A stream may not accept more than the server does.
     assert_status(
