@@ -54,8 +54,9 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct ServerArgs {
     /// A TOML file with any of the settings below (node_id, listen, data,
-    /// peers, heartbeat_ms, election_min_ms, election_max_ms). Flags and
-    /// environment variables override it.
+    /// peers, heartbeat_ms, election_min_ms, election_max_ms, and a
+    /// `[limits]` table with the max_* settings). Flags and environment
+    /// variables override it.
     #[arg(long, env = "WHARF_CONFIG")]
     pub config: Option<PathBuf>,
     /// This node's id (1 or more; must appear in --peers), or `ordinal`: the
