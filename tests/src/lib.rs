@@ -64,6 +64,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(n: u64) -> Result<Cluster> {
+        Self::start_with_args(n, &[]).await
+    }
+
+    /// `start`, with extra `wharf server` arguments for every node.
+    pub async fn start_with_args(n: u64, args: &[&str]) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-test-").tempdir()?;
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
@@ -83,7 +88,7 @@ impl Cluster {
             nodes,
             peers,
             dir: Some(dir),
-            extra_args: Vec::new(),
+            extra_args: args.iter().map(|a| a.to_string()).collect(),
             paused: Default::default(),
         };
         for id in 1..=n {

@@ -91,6 +91,8 @@ pub enum PriorityPolicy {
 pub const MAX_METADATA_ENTRIES: usize = 64;
 const MAX_METADATA_KEY_BYTES: usize = 256;
 const MAX_METADATA_VALUE_BYTES: usize = 4096;
+/// Most backoff delays on a consumer (one per redelivery; the last repeats).
+pub const MAX_BACKOFF_ENTRIES: usize = 64;
 
 /// A pull consumer's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -205,6 +207,16 @@ impl ConsumerConfig {
     pub fn validate(&self) -> Result<(), CoreError> {
         validate_name("consumer", &self.name)?;
         let filters = self.filters();
+        if filters.len() > crate::subject::MAX_FILTERS {
+            return Err(CoreError::config(
+                "consumer",
+                format!(
+                    "{} filter subjects given; a consumer may have at most {}",
+                    filters.len(),
+                    crate::subject::MAX_FILTERS
+                ),
+            ));
+        }
         for (i, f) in filters.iter().enumerate() {
             validate_filter(f)?;
             if let Some(other) = filters[i + 1..]
@@ -239,6 +251,12 @@ impl ConsumerConfig {
             return Err(CoreError::config(
                 "consumer",
                 "max_deliver must be -1 (unlimited) or at least 1",
+            ));
+        }
+        if self.backoff_ms.len() > MAX_BACKOFF_ENTRIES {
+            return Err(CoreError::config(
+                "consumer",
+                format!("at most {MAX_BACKOFF_ENTRIES} backoff delays"),
             ));
         }
         if self.backoff_ms.contains(&0) {

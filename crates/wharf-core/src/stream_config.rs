@@ -18,7 +18,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
-use crate::subject::{filters_overlap, subject_matches, validate_filter, validate_name};
+use crate::subject::{
+    filters_overlap, subject_matches, validate_filter, validate_name, MAX_FILTERS,
+};
 
 /// Replication factor when the user does not ask for one.
 pub const DEFAULT_REPLICAS: u8 = 3;
@@ -160,6 +162,15 @@ impl StreamConfig {
             return Err(CoreError::config(
                 "stream",
                 "a stream needs at least one subject",
+            ));
+        }
+        if self.subjects.len() > MAX_FILTERS {
+            return Err(CoreError::config(
+                "stream",
+                format!(
+                    "{} subjects given; a stream may have at most {MAX_FILTERS}",
+                    self.subjects.len()
+                ),
             ));
         }
         for s in &self.subjects {

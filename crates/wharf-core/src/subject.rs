@@ -22,6 +22,10 @@ use crate::error::CoreError;
 pub const MAX_SUBJECT_BYTES: usize = 255;
 /// Longest stream or consumer name accepted, in characters.
 pub const MAX_NAME_CHARS: usize = 64;
+/// Most subject filters on one stream or one consumer. Overlap checks are
+/// quadratic in this, and the meta group repeats them against every other
+/// stream, so it must stay small.
+pub const MAX_FILTERS: usize = 256;
 
 /// Checks a subject messages are published to: no wildcards allowed.
 pub fn validate_subject(s: &str) -> Result<(), CoreError> {

@@ -11,22 +11,30 @@
 //! - `metrics`, `metrics_text`, `metrics_http`, `grpc_metrics`: Prometheus
 //!   `/metrics` on its own port, and the gRPC call metrics layer.
 //! - `health`, `reflection`: the standard gRPC health and reflection services.
+//! - `limits`, `conn_limit`, `request_check`: server-wide limits, per-client
+//!   connection and pull-session counts, stateless request validation
+//!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
+mod conn_limit;
 mod consumer_runtime;
 mod consumer_sm;
 mod convert;
 mod dead_letter;
 pub mod error;
 mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 mod grpc_metrics;
 mod headers;
 mod health;
+pub mod limits;
 pub mod meta;
 pub mod metrics;
 mod metrics_http;
 pub mod metrics_text;
 mod node;
 mod reflection;
+pub mod request_check;
 mod routing;
 mod service;
 mod status;
@@ -38,5 +46,6 @@ mod stream_writer;
 mod util;
 
 pub use error::ServerError;
+pub use limits::Limits;
 pub use node::{Node, NodeConfig};
 pub use wharf_raft::RaftSettings;

@@ -92,6 +92,15 @@ pub enum MetaCommand {
     UpdateStream {
         config: StreamConfig,
     },
+    /// `command` (an add) refused with RESOURCE_EXHAUSTED when it would
+    /// create a stream or consumer beyond these cluster-wide counts (see
+    /// `limits`). Carrying the limits in the entry keeps every replica's
+    /// answer the same. Last variant, so older entries decode unchanged.
+    Bounded {
+        max_streams: u32,
+        max_consumers: u32,
+        command: Box<MetaCommand>,
+    },
 }
 
 /// What `apply` answers: the group id touched, or why the command was refused.
@@ -179,6 +188,49 @@ impl Catalog {
                 Ok(gid)
             }
             MetaCommand::UpdateStream { config } => self.update_stream(config),
+            MetaCommand::Bounded {
+                max_streams,
+                max_consumers,
+                command,
+            } => {
+                self.check_counts(&command, max_streams, max_consumers)?;
+                self.apply(*command)
+            }
+        }
+    }
+
+    /// Would `command` add a stream or consumer beyond the counts? Re-adding
+    /// an existing one is not a new one.
+    fn check_counts(
+        &self,
+        command: &MetaCommand,
+        max_streams: u32,
+        max_consumers: u32,
+    ) -> Result<()> {
+        match command {
+            MetaCommand::AddStream { config, .. }
+                if !self.streams.contains_key(&config.name)
+                    && self.streams.len() >= max_streams as usize =>
+            {
+                Err(ServerError::Exhausted(format!(
+                    "cannot add stream {:?}: the cluster has {} streams and max_streams is {max_streams}",
+                    config.name,
+                    self.streams.len()
+                )))
+            }
+            MetaCommand::AddConsumer { stream, config, .. }
+                if !self
+                    .consumers
+                    .contains_key(&(stream.clone(), config.name.clone()))
+                    && self.consumers.len() >= max_consumers as usize =>
+            {
+                Err(ServerError::Exhausted(format!(
+                    "cannot add consumer {:?}: the cluster has {} consumers and max_consumers is {max_consumers}",
+                    config.name,
+                    self.consumers.len()
+                )))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -430,5 +482,58 @@ mod update_stream_tests {
         let entry = &c.streams["ORDERS"];
         assert_eq!((&entry.config, &entry.created_config), (&edited, &orders));
         assert_eq!(entry.config_revision, 1);
+    }
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    fn add_stream(name: &str) -> MetaCommand {
+        let config = StreamConfig {
+            name: name.into(),
+            subjects: vec![format!("{}.>", name.to_lowercase())],
+            ..Default::default()
+        }
+        .with_defaults();
+        MetaCommand::AddStream { config, now_ms: 0 }
+    }
+
+    fn add_consumer(stream: &str, name: &str) -> MetaCommand {
+        let config = ConsumerConfig {
+            name: name.into(),
+            ..Default::default()
+        }
+        .with_defaults();
+        MetaCommand::AddConsumer {
+            stream: stream.into(),
+            config,
+            now_ms: 0,
+        }
+    }
+
+    fn bounded(cmd: MetaCommand) -> MetaCommand {
+        MetaCommand::Bounded {
+            max_streams: 1,
+            max_consumers: 1,
+            command: Box::new(cmd),
+        }
+    }
+
+    #[test]
+    fn counts_are_refused_and_nothing_changes() {
+        let nodes = (1..=3).map(|n| (n, format!("n{n}:1"))).collect();
+        let mut c = Catalog::new(nodes);
+        c.apply(bounded(add_stream("A"))).unwrap();
+        // Re-adding the same stream is not a new one.
+        c.apply(bounded(add_stream("A"))).unwrap();
+        let err = c.apply(bounded(add_stream("B"))).unwrap_err();
+        assert!(matches!(err, ServerError::Exhausted(ref m) if m.contains("max_streams is 1")));
+        c.apply(bounded(add_consumer("A", "c1"))).unwrap();
+        let err = c.apply(bounded(add_consumer("A", "c2"))).unwrap_err();
+        assert!(matches!(err, ServerError::Exhausted(ref m) if m.contains("max_consumers is 1")));
+        assert_eq!((c.streams.len(), c.consumers.len()), (1, 1));
+        // Unbounded commands are not counted.
+        c.apply(add_stream("B")).unwrap();
     }
 }

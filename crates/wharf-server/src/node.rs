@@ -39,6 +39,8 @@ pub struct NodeConfig {
     pub raft: RaftSettings,
     /// Where to serve Prometheus `/metrics` over HTTP; `None` serves none.
     pub metrics_listen: Option<SocketAddr>,
+    /// Server-wide limits (see `limits`).
+    pub limits: crate::limits::Limits,
 }
 
 impl NodeConfig {
@@ -46,6 +48,7 @@ impl NodeConfig {
         if self.node_id == 0 {
             return Err(ServerError::Invalid("node id must be 1 or more".into()));
         }
+        self.limits.validate()?;
         if !self.peers.contains_key(&self.node_id) {
             return Err(ServerError::Invalid(format!(
                 "--peers must include this node ({})",
@@ -97,6 +100,8 @@ pub(crate) struct NodeInner {
     pub draining: std::sync::atomic::AtomicBool,
     /// gRPC call counts and latencies, filled by the server's layer.
     pub grpc_metrics: Arc<crate::grpc_metrics::GrpcMetrics>,
+    /// Open pull sessions per client (`max_pulls_per_client`).
+    pub pull_sessions: Arc<crate::limits::ClientCounts>,
 }
 
 impl NodeInner {
@@ -177,6 +182,7 @@ impl Node {
             next_session: AtomicU64::new(1),
             draining: Default::default(),
             grpc_metrics: Default::default(),
+            pull_sessions: Default::default(),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let server = tokio::spawn(crate::service::serve(

@@ -12,20 +12,19 @@ use std::time::Duration;
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use wharf_core::stream::MAX_MSG_SIZE_LIMIT;
-use wharf_core::subject::validate_subject;
 use wharf_proto::v1 as pb;
 use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
 use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX};
 use crate::consumer_sm::AckKind;
-use crate::convert::{consumer_config_from_pb, stream_config_from_pb};
 use crate::error::{Result, ServerError};
 use crate::forward::{hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
+use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
+use crate::request_check::{check_publish, check_pull};
 use crate::routing::Route;
 use crate::util::now_ms;
 
@@ -43,10 +42,29 @@ pub async fn serve(
         reporter,
         shutdown.clone(),
     ));
-    let wharf = WharfServer::new(WharfService { node: node.clone() })
-        .max_decoding_message_size(2 * MAX_MSG_SIZE_LIMIT as usize);
     let (reflection, reflection_alpha) = crate::reflection::services().unzip();
     let metered = crate::grpc_metrics::GrpcMetricsLayer::new(node.grpc_metrics.clone());
+    let limits = node.config.limits.clone();
+    // Oversize requests are refused by tonic itself (OUT_OF_RANGE, both sizes
+    // in the message); calls on connections over the per-IP limit by the
+    // interceptor (RESOURCE_EXHAUSTED).
+    let wharf = tonic::service::interceptor::InterceptedService::new(
+        WharfServer::new(WharfService { node: node.clone() })
+            .max_decoding_message_size(limits.max_request_bytes),
+        crate::conn_limit::refuse_over_limit,
+    );
+    let peer_ips = Arc::new(crate::conn_limit::PeerIps::default());
+    tokio::spawn(
+        peer_ips
+            .clone()
+            .refresh_loop(node.config.peers.clone(), shutdown.clone()),
+    );
+    let incoming = crate::conn_limit::incoming(
+        listener,
+        peer_ips,
+        Default::default(),
+        limits.max_connections_per_ip,
+    );
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
@@ -57,7 +75,7 @@ pub async fn serve(
         .add_optional_service(reflection_alpha)
         .add_service(wharf)
         .add_service(node.raft.transport_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.changed().await;
         })
         .await;
@@ -137,14 +155,7 @@ impl WharfService {
         msg: pb::PublishRequest,
         hops: u32,
     ) -> Result<pb::PublishAck> {
-        validate_subject(&msg.subject)?;
-        crate::headers::validate(&msg.headers)?;
-        if msg.payload.len() > MAX_MSG_SIZE_LIMIT as usize {
-            return Err(ServerError::Invalid(format!(
-                "message size {} exceeds the server's maximum of {MAX_MSG_SIZE_LIMIT}",
-                msg.payload.len()
-            )));
-        }
+        check_publish(&self.node.config.limits, &msg)?;
         retry(|| self.publish_once(msg.clone(), hops)).await
     }
 
@@ -156,11 +167,11 @@ impl WharfService {
         let name = config.name.clone();
         let gid = self
             .node
-            .meta_write(MetaCommand::AddConsumer {
+            .meta_write(self.node.config.limits.bound(MetaCommand::AddConsumer {
                 stream: stream.to_string(),
                 config,
                 now_ms: now_ms(),
-            })
+            }))
             .await?;
         self.node.wait_group_ready(gid).await;
         self.node.wait_consumer_started(stream, &name).await;
@@ -174,6 +185,7 @@ impl WharfService {
         mut inbound: Streaming<pb::ConsumeRequest>,
     ) -> Result<ResponseStream<pb::ConsumeResponse>> {
         let session = self.node.next_session.fetch_add(1, Ordering::Relaxed);
+        let limits = self.node.config.limits.clone();
         let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
         runtime
             .send(Event::Open {
@@ -193,7 +205,13 @@ impl WharfService {
                     Ok(None) | Err(_) => break,
                 };
                 let event = match kind {
-                    pb::consume_request::Kind::Pull(pull) => Event::Pull { session, pull },
+                    pb::consume_request::Kind::Pull(pull) => {
+                        if let Err(e) = check_pull(&limits, &pull) {
+                            let _ = tx.send(Err(Status::from(e))).await;
+                            break;
+                        }
+                        Event::Pull { session, pull }
+                    }
                     pb::consume_request::Kind::Ack(ack) => {
                         let kind = match pb::AckKind::try_from(ack.kind) {
                             Ok(pb::AckKind::Ack) => AckKind::Ack,
@@ -304,16 +322,16 @@ impl Wharf for WharfService {
     ) -> Result<Response<pb::StreamInfo>, Status> {
         let hops = hops(&req);
         let msg = req.into_inner();
-        let config = stream_config_from_pb(msg.config.clone())?;
         let node = &self.node;
+        let config = check_add_stream(&node.config.limits, &msg)?;
         let info = retry(|| async {
             match node.route_meta().await? {
                 Route::Local => {
                     let gid = node
-                        .meta_write(MetaCommand::AddStream {
+                        .meta_write(node.config.limits.bound(MetaCommand::AddStream {
                             config: config.clone(),
                             now_ms: now_ms(),
-                        })
+                        }))
                         .await?;
                     node.wait_group_ready(gid).await;
                     node.stream_info(&config.name, hops).await
@@ -496,7 +514,7 @@ impl Wharf for WharfService {
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
         let hops = hops(&req);
         let msg = req.into_inner();
-        let config = consumer_config_from_pb(msg.config.clone())?;
+        let config = check_add_consumer(&msg)?;
         let node = &self.node;
         let info = retry(|| async {
             match node.route_meta().await? {
@@ -522,7 +540,7 @@ impl Wharf for WharfService {
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
         let hops = hops(&req);
         let msg = req.into_inner();
-        let config = consumer_config_from_pb(msg.config.clone())?;
+        let config = check_add_consumer(&msg)?;
         let node = &self.node;
         retry(|| async {
             match node.route_meta().await? {
@@ -623,6 +641,20 @@ impl Wharf for WharfService {
         req: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let hops = hops(&req);
+        // Counted at the node the client is connected to; sessions forwarded
+        // from peers carry no key.
+        let session_guard = match crate::conn_limit::client_key(&req) {
+            Some(key) => {
+                let max = self.node.config.limits.max_pulls_per_client;
+                let guard = self.node.pull_sessions.try_add(key.clone(), max);
+                Some(guard.ok_or_else(|| {
+                    ServerError::Exhausted(format!(
+                        "too many concurrent pull sessions from {key}: max_pulls_per_client is {max}"
+                    ))
+                })?)
+            }
+            None => None,
+        };
         let mut inbound = req.into_inner();
         let open = match inbound.message().await? {
             Some(pb::ConsumeRequest {
@@ -634,6 +666,7 @@ impl Wharf for WharfService {
                 ))
             }
         };
+        check_consume_open(&open)?;
         let node = &self.node;
         let entry = node.find_consumer(&open.stream, &open.consumer).await?;
         let local = node.local_consumer(&open.stream, &open.consumer);
@@ -648,7 +681,13 @@ impl Wharf for WharfService {
             }
             Route::Remote(n) => self.proxy(n, open, inbound, hops).await?,
         };
-        Ok(Response::new(stream))
+        // The session's place in the count is given back when the response
+        // stream is dropped (the client went away or the session ended).
+        let stream = stream.map(move |item| {
+            let _held = &session_guard;
+            item
+        });
+        Ok(Response::new(Box::pin(stream) as ResponseStream<_>))
     }
 
     async fn step_down(

@@ -18,7 +18,7 @@ use wharf_core::stream::Purge;
 use wharf_proto::v1 as pb;
 use wharf_raft::NodeId;
 
-use crate::convert::{stream_config_from_pb, stream_config_to_pb};
+use crate::convert::stream_config_to_pb;
 use crate::error::{Result, ServerError};
 use crate::forward::{onward, onward_admin, retry};
 use crate::meta::MetaCommand;
@@ -54,7 +54,7 @@ impl NodeInner {
         msg: pb::AddStreamRequest,
         hops: u32,
     ) -> Result<pb::StreamInfo> {
-        let config = stream_config_from_pb(msg.config.clone())?;
+        let config = crate::request_check::check_add_stream(&self.config.limits, &msg)?;
         let forwarded = retry(|| async {
             match self.route_meta().await? {
                 Route::Local => {

@@ -55,8 +55,8 @@ pub enum Command {
 pub struct ServerArgs {
     /// A TOML file with any of the settings below (node_id, listen, data,
     /// peers, heartbeat_ms, election_min_ms, election_max_ms, metrics_listen,
-    /// log_format; see docs/CONFIG.md). Flags and environment variables
-    /// override it.
+    /// log_format, and a `[limits]` table with the max_* settings; see
+    /// docs/CONFIG.md). Flags and environment variables override it.
     #[arg(long, env = "WHARF_CONFIG")]
     pub config: Option<PathBuf>,
     /// This node's id (1 or more; must appear in --peers), or `ordinal`: the
@@ -91,6 +91,9 @@ pub struct ServerArgs {
     /// [default: text].
     #[arg(long, env = "WHARF_LOG_FORMAT", value_parser = ["text", "json"])]
     pub log_format: Option<String>,
+    /// Server-wide limits (also the `[limits]` table of --config).
+    #[command(flatten)]
+    pub limits: crate::limits_config::LimitArgs,
 }
 
 #[derive(Args, Debug, Clone)]

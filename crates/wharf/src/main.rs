@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod client_cmd;
 mod format;
+mod limits_config;
 mod server_cmd;
 mod server_config;
 mod stream_cmd;

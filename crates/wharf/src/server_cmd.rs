@@ -76,6 +76,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             peers: peers.clone(),
             raft: settings(&args.raft),
             metrics_listen: None,
+            limits: Default::default(),
         };
         nodes.push(Node::start(config).await?);
     }

@@ -26,6 +26,7 @@ pub struct FileConfig {
     election_max_ms: Option<u64>,
     metrics_listen: Option<String>,
     log_format: Option<LogFormat>,
+    limits: Option<crate::limits_config::LimitsFile>,
 }
 
 /// How `wharf server` writes its log lines.
@@ -210,6 +211,7 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         peers,
         raft,
         metrics_listen,
+        limits: crate::limits_config::resolve(&args.limits, file.limits),
     })
 }
 
@@ -267,7 +269,9 @@ mod tests {
             election_max_ms,
             metrics_listen,
             log_format,
+            limits,
         } = file;
+        assert!(limits.is_some());
         assert!(node_id.is_some() && listen.is_some() && data.is_some() && peers.is_some());
         assert!(heartbeat_ms.is_some() && election_min_ms.is_some() && election_max_ms.is_some());
         assert!(metrics_listen.is_some());
@@ -287,6 +291,7 @@ mod tests {
             election_max_ms: None,
             metrics_listen: None,
             log_format: None,
+            limits: Default::default(),
         };
         assert_eq!(log_format_of(&args), LogFormat::Json);
         let c = resolve(args).expect("the documented example resolves");
@@ -294,7 +299,8 @@ mod tests {
         assert_eq!(c.listen.port(), 7001);
         assert_eq!(c.peers.len(), 3);
         assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9090));
-        assert_eq!(c.raft.election_max_ms, 1600);
+        assert_eq!(c.raft.election_max_ms, 900);
+        assert_eq!(c.limits.max_connections_per_ip, 1024);
     }
 
     fn log_format_of(args: &ServerArgs) -> LogFormat {
@@ -314,6 +320,7 @@ mod tests {
             election_max_ms: None,
             metrics_listen: None,
             log_format: None,
+            limits: Default::default(),
         };
         assert_eq!(log_format_of(&args), LogFormat::Text, "text by default");
         args.log_format = Some("json".into());
@@ -353,6 +360,7 @@ mod tests {
             election_max_ms: None,
             metrics_listen: None,
             log_format: None,
+            limits: Default::default(),
         };
         let c = resolve(args).unwrap();
         assert_eq!(c.node_id, 2);

@@ -1,0 +1,243 @@
+//! Per-client connection and pull-session limits at the front door.
+//!
+//! Every accepted TCP connection is counted against its remote IP
+//! ([`ClientKey`]). What happens to one over `max_connections_per_ip`:
+//! - up to [`REFUSED_GRACE`] connections over the limit are served, but
+//!   every call to the public `wharf.v1.Wharf` service on them fails with
+//!   RESOURCE_EXHAUSTED "too many connections from <ip>:
+//!   max_connections_per_ip is N". The client gets a clear error instead of
+//!   a reset it cannot tell from a crash. Health checks still answer.
+//! - beyond that, the connection is closed at once (no response): a client
+//!   that ignores the error cannot make the node hold unbounded sockets.
+//!
+//! Peers are never limited: connections from an address of a cluster member
+//! (the `--peers` hosts, resolved again every [`PEER_REFRESH`]) are not
+//! counted, and forwarded pull sessions arriving from peers are counted only
+//! at the node the client is connected to. The catch: a client running on
+//! a cluster member's own IP is not limited either.
+//!
+//! Left out: limits on HTTP/2 streams per connection (hyper's defaults
+//! apply), and TLS (with TLS the connect info would be wrapped and must be
+//! unwrapped in [`conn_info`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::Connected;
+
+use crate::error::ServerError;
+use crate::limits::{ClientCounts, ClientKey, CountGuard};
+
+/// Connections over the limit that are still served (with errors) before
+/// further ones are closed unanswered.
+pub const REFUSED_GRACE: u32 = 16;
+/// How often peer host names are resolved again (pods get new IPs).
+pub const PEER_REFRESH: Duration = Duration::from_secs(10);
+
+/// What the service knows about the connection a call came on.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    /// The remote IP is a cluster member's.
+    pub from_peer: bool,
+    /// Set when the connection is over the limit: the refusal message.
+    pub refused: Option<Arc<str>>,
+}
+
+/// An accepted connection, holding its place in the per-IP count.
+pub struct ClientConn {
+    io: TcpStream,
+    info: ConnInfo,
+    _count: Option<CountGuard>,
+}
+
+impl Connected for ClientConn {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for ClientConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ClientConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The IP addresses of the cluster's nodes.
+#[derive(Debug, Default)]
+pub struct PeerIps {
+    ips: RwLock<HashSet<IpAddr>>,
+}
+
+impl PeerIps {
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        self.ips.read().map(|s| s.contains(ip)).unwrap_or(false)
+    }
+
+    /// Resolve every peer address now and then every [`PEER_REFRESH`] until
+    /// shutdown. Addresses that do not resolve yet are retried next round;
+    /// an address once seen is kept (a peer may come back on it).
+    pub async fn refresh_loop(
+        self: Arc<Self>,
+        peers: BTreeMap<u64, String>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            for addr in peers.values() {
+                if let Ok(found) = tokio::net::lookup_host(addr.as_str()).await {
+                    let mut ips = self.ips.write().unwrap_or_else(|p| p.into_inner());
+                    ips.extend(found.map(|a| a.ip()));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(PEER_REFRESH) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// The listener's connections, each counted against its remote IP.
+pub fn incoming(
+    listener: TcpListener,
+    peers: Arc<PeerIps>,
+    counts: Arc<ClientCounts>,
+    max_per_ip: u32,
+) -> impl Stream<Item = io::Result<ClientConn>> {
+    TcpListenerStream::new(listener).filter_map(move |accepted| {
+        let conn = accepted.map(|io| admit(io, &peers, &counts, max_per_ip));
+        async move {
+            match conn {
+                Ok(Some(c)) => Some(Ok(c)),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
+            }
+        }
+    })
+}
+
+fn admit(
+    io: TcpStream,
+    peers: &PeerIps,
+    counts: &Arc<ClientCounts>,
+    max_per_ip: u32,
+) -> Option<ClientConn> {
+    // Small RPCs must not wait for Nagle.
+    let _ = io.set_nodelay(true);
+    let remote = io.peer_addr().ok();
+    let Some(ip) = remote.map(|a| a.ip()) else {
+        return Some(ClientConn {
+            io,
+            info: ConnInfo {
+                remote,
+                from_peer: false,
+                refused: None,
+            },
+            _count: None,
+        });
+    };
+    if peers.contains(&ip) {
+        let info = ConnInfo {
+            remote,
+            from_peer: true,
+            refused: None,
+        };
+        return Some(ClientConn {
+            io,
+            info,
+            _count: None,
+        });
+    }
+    let key = client_key_of_addr(ip);
+    let (guard, before) = counts.add(key.clone());
+    if before >= max_per_ip.saturating_add(REFUSED_GRACE) {
+        tracing::warn!(client = %key, max_per_ip, "connection closed: far over max_connections_per_ip");
+        return None;
+    }
+    let refused = (before >= max_per_ip).then(|| {
+        tracing::warn!(client = %key, max_per_ip, "connection over max_connections_per_ip");
+        Arc::from(format!(
+            "too many connections from {key}: max_connections_per_ip is {max_per_ip}"
+        ))
+    });
+    Some(ClientConn {
+        io,
+        info: ConnInfo {
+            remote,
+            from_peer: false,
+            refused,
+        },
+        _count: Some(guard),
+    })
+}
+
+/// The per-client key of a remote IP. The authentication hook: once calls
+/// carry an identity, derive the key from it here instead.
+fn client_key_of_addr(ip: IpAddr) -> ClientKey {
+    ClientKey::Addr(ip)
+}
+
+/// The connection info of a call, when it came through [`incoming`].
+pub fn conn_info<T>(req: &tonic::Request<T>) -> Option<&ConnInfo> {
+    req.extensions().get::<ConnInfo>()
+}
+
+/// The key a call counts against, or `None` for peer traffic (and for calls
+/// whose remote address is unknown).
+pub fn client_key<T>(req: &tonic::Request<T>) -> Option<ClientKey> {
+    let info = conn_info(req)?;
+    if info.from_peer {
+        return None;
+    }
+    Some(client_key_of_addr(info.remote?.ip()))
+}
+
+/// Interceptor of the public service: refuse every call on a connection
+/// that is over `max_connections_per_ip`.
+pub fn refuse_over_limit(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    match conn_info(&req).and_then(|i| i.refused.clone()) {
+        Some(message) => Err(ServerError::Exhausted(message.to_string()).into()),
+        None => Ok(req),
+    }
+}
