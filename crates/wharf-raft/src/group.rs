@@ -52,9 +52,16 @@ struct GroupInner {
 }
 
 fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
-    let error = m.running_state.as_ref().err().map(|e| e.to_string());
+    // A deliberate stop is `Fatal::Stopped`; anything else (a storage error,
+    // a panic) failed the group.
+    let error = match &m.running_state {
+        Ok(()) | Err(openraft::errors::Fatal::Stopped) => None,
+        Err(e) => Some(e.to_string()),
+    };
     let role = if error.is_some() {
         Role::Failed
+    } else if m.running_state.is_err() {
+        Role::Shutdown
     } else {
         match m.state {
             ServerState::Leader => Role::Leader,
