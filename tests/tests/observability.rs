@@ -172,7 +172,7 @@ async fn health_ready_only_after_joining() -> Result<()> {
         health_async(a1, "live").await.then_some(())
     })
     .await?;
-    // Several election timeouts (0.8-1.6 s) pass without a quorum: never ready.
+    // Several election timeouts (0.5-0.9 s by default) pass without a quorum: never ready.
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {
         assert!(

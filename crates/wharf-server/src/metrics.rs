@@ -81,7 +81,16 @@ fn role_label(role: &Role) -> &'static str {
     crate::status::role_name(role)
 }
 
-const ROLES: [&str; 5] = ["leader", "follower", "candidate", "learner", "shutdown"];
+/// Every value `role_label` can return, so a `wharf_raft_role` state set
+/// always has exactly one series at 1 (a failed group included).
+const ROLES: [&str; 6] = [
+    "leader",
+    "follower",
+    "candidate",
+    "learner",
+    "shutdown",
+    "failed",
+];
 
 /// Read the node's state into a [`Snapshot`].
 pub(crate) fn collect(node: &NodeInner) -> Snapshot {
@@ -402,6 +411,20 @@ mod tests {
             voters: vec![1, 2, 3],
             leader_changes: 2,
             error: None,
+        }
+    }
+
+    #[test]
+    fn every_role_has_a_state_set_series() {
+        for role in [
+            Role::Leader,
+            Role::Follower,
+            Role::Candidate,
+            Role::Learner,
+            Role::Shutdown,
+            Role::Failed,
+        ] {
+            assert!(ROLES.contains(&role_label(&role)), "{role:?}");
         }
     }
 

@@ -299,7 +299,11 @@ mod tests {
         assert_eq!(c.listen.port(), 7001);
         assert_eq!(c.peers.len(), 3);
         assert_eq!(c.metrics_listen.map(|a| a.port()), Some(9090));
-        assert_eq!(c.raft.election_max_ms, 900);
+        // The file's timings reach the Raft settings (whatever the doc's
+        // example picks, so editing it does not break this test).
+        assert_eq!(Some(c.raft.heartbeat_ms), heartbeat_ms);
+        assert_eq!(Some(c.raft.election_min_ms), election_min_ms);
+        assert_eq!(Some(c.raft.election_max_ms), election_max_ms);
         assert_eq!(c.limits.max_connections_per_ip, 1024);
     }
 
