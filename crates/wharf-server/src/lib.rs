@@ -9,6 +9,7 @@
 //!   to whichever node leads the group a call needs.
 //! - `error`: the crate's one error enum and its one conversion to gRPC status.
 
+pub mod auth;
 mod consumer_runtime;
 mod consumer_sm;
 mod convert;
@@ -18,6 +19,7 @@ mod health;
 pub mod meta;
 mod node;
 mod routing;
+pub mod security;
 mod service;
 mod status;
 mod stream_admin;
@@ -28,4 +30,5 @@ mod util;
 
 pub use error::ServerError;
 pub use node::{Node, NodeConfig};
+pub use security::SecurityConfig;
 pub use wharf_raft::RaftSettings;

@@ -3,6 +3,9 @@
 //! Handlers validate input, then either serve the call here (this node leads
 //! the group) or forward it to the node that does (see `routing`, `forward`).
 //! Every error leaves through `impl From<ServerError> for Status`.
+//! Every handler first checks the caller's permission for what it is about to
+//! do (`auth::authorize`), before any state changes; `security` attaches the
+//! caller's identity and guards the Raft transport.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -13,12 +16,14 @@ use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 use wharf_core::stream::MAX_MSG_SIZE_LIMIT;
 use wharf_core::subject::validate_subject;
 use wharf_proto::v1 as pb;
 use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
+use crate::auth::{authorize, Action, Principal};
 use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX};
 use crate::consumer_sm::AckKind;
 use crate::convert::{consumer_config_from_pb, stream_config_from_pb};
@@ -45,13 +50,26 @@ pub async fn serve(
     ));
     let wharf = WharfServer::new(WharfService { node: node.clone() })
         .max_decoding_message_size(2 * MAX_MSG_SIZE_LIMIT as usize);
-    let result = tonic::transport::Server::builder()
+    let wharf = InterceptedService::new(wharf, node.security.client_guard());
+    let transport =
+        InterceptedService::new(node.raft.transport_service(), node.security.peer_guard());
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = node.security.server_tls() {
+        builder = match builder.tls_config(tls) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!("TLS settings refused, not serving: {e}");
+                return;
+            }
+        };
+    }
+    let result = builder
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .add_service(health)
         .add_service(wharf)
-        .add_service(node.raft.transport_service())
+        .add_service(transport)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
             let _ = shutdown.changed().await;
         })
@@ -282,6 +300,12 @@ impl Wharf for WharfService {
         req: Request<pb::AddStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
         let hops = hops(&req);
+        let name = req
+            .get_ref()
+            .config
+            .as_ref()
+            .map_or("", |c| c.name.as_str());
+        authorize(&req, Action::Admin { stream: name })?;
         let msg = req.into_inner();
         let config = stream_config_from_pb(msg.config.clone())?;
         let node = &self.node;
@@ -313,6 +337,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let msg = req.into_inner();
         if msg.local {
@@ -328,6 +353,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::ListStreamsRequest>,
     ) -> Result<Response<pb::ListStreamsResponse>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let node = &self.node;
         if let Route::Remote(n) = node.route_meta().await? {
@@ -351,6 +377,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteStreamRequest>,
     ) -> Result<Response<pb::DeleteStreamResponse>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().name,
+            },
+        )?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let node = &self.node;
@@ -379,6 +411,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
+        let name = req
+            .get_ref()
+            .config
+            .as_ref()
+            .map_or("", |c| c.name.as_str());
+        authorize(&req, Action::Admin { stream: name })?;
         let hops = hops(&req);
         let info = self.node.update_stream(req.into_inner(), hops).await?;
         Ok(Response::new(info))
@@ -388,6 +426,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::PurgeStreamRequest>,
     ) -> Result<Response<pb::PurgeStreamResponse>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.purge_stream(req.into_inner(), hops).await?,
@@ -398,6 +442,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetMessageRequest>,
     ) -> Result<Response<pb::StreamMessage>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.get_message(req.into_inner(), hops).await?,
@@ -408,6 +458,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteMessageRequest>,
     ) -> Result<Response<pb::DeleteMessageResponse>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.delete_message(req.into_inner(), hops).await?,
@@ -418,6 +474,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishAck>, Status> {
+        authorize(
+            &req,
+            Action::Publish {
+                subject: &req.get_ref().subject,
+            },
+        )?;
         let hops = hops(&req);
         Ok(Response::new(self.publish(req.into_inner(), hops).await?))
     }
@@ -428,6 +490,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
+        let principal = Principal::of(&req)?;
         let hops = hops(&req);
         let mut inbound = req.into_inner();
         let service = WharfService {
@@ -443,7 +506,11 @@ impl Wharf for WharfService {
                     m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
                         Ok(Some(msg)) => {
                             let s = service.clone();
-                            inflight.push_back(async move { s.publish(msg, hops).await });
+                            let allowed = principal.check(Action::Publish { subject: &msg.subject });
+                            inflight.push_back(async move {
+                                allowed?;
+                                s.publish(msg, hops).await
+                            });
                         }
                         _ => open = false,
                     },
@@ -473,6 +540,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let config = consumer_config_from_pb(msg.config.clone())?;
@@ -499,6 +572,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let config = consumer_config_from_pb(msg.config.clone())?;
@@ -540,6 +619,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let info = retry(|| self.node.consumer_info(&msg.stream, &msg.name, hops)).await?;
@@ -550,6 +630,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::ListConsumersRequest>,
     ) -> Result<Response<pb::ListConsumersResponse>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let stream = req.into_inner().stream;
         let node = &self.node;
@@ -570,6 +651,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteConsumerRequest>,
     ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let node = &self.node;
@@ -601,6 +688,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
+        let principal = Principal::of(&req)?;
         let hops = hops(&req);
         let mut inbound = req.into_inner();
         let open = match inbound.message().await? {
@@ -613,6 +701,10 @@ impl Wharf for WharfService {
                 ))
             }
         };
+        principal.check(Action::Consume {
+            stream: &open.stream,
+            consumer: &open.consumer,
+        })?;
         let node = &self.node;
         let entry = node.find_consumer(&open.stream, &open.consumer).await?;
         let local = node.local_consumer(&open.stream, &open.consumer);
@@ -634,6 +726,12 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::StepDownRequest>,
     ) -> Result<Response<pb::StepDownResponse>, Status> {
+        authorize(
+            &req,
+            Action::Admin {
+                stream: &req.get_ref().stream,
+            },
+        )?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let r = retry(|| self.node.step_down(msg.clone(), hops)).await?;
@@ -642,8 +740,9 @@ impl Wharf for WharfService {
 
     async fn cluster_status(
         &self,
-        _req: Request<pb::ClusterStatusRequest>,
+        req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        authorize(&req, Action::Read)?;
         Ok(Response::new(
             crate::status::cluster_status(&self.node).await,
         ))

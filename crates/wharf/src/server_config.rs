@@ -24,6 +24,10 @@ pub struct FileConfig {
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
+    /// `[tls]`: certificate files (docs/SECURITY.md).
+    tls: Option<wharf_server::security::TlsConfig>,
+    /// `[auth]`: cluster secret and users (docs/SECURITY.md).
+    auth: Option<wharf_server::security::AuthConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,6 +177,10 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         data_dir: data,
         peers,
         raft,
+        security: wharf_server::SecurityConfig {
+            tls: file.tls,
+            auth: file.auth,
+        },
     })
 }
 
