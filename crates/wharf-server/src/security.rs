@@ -54,8 +54,8 @@ pub struct TlsConfig {
     pub ca_file: PathBuf,
 }
 
-/// The `[auth]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The `[auth]` section. Its `Debug` hides the secret.
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// Shared secret every node sends to its peers (needed when TLS is off).
@@ -66,6 +66,22 @@ pub struct AuthConfig {
     pub cluster_secret_file: Option<PathBuf>,
     #[serde(default)]
     pub users: Vec<UserConfig>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field(
+                "cluster_secret",
+                &self.cluster_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .field("cluster_secret_file", &self.cluster_secret_file)
+            .field(
+                "users",
+                &self.users.iter().map(|u| &u.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// Security settings of a node; the default is everything off.
