@@ -193,3 +193,55 @@ async fn security_node_with_foreign_certificate_cannot_join() -> anyhow::Result<
     assert!(meta.leader == 1 || meta.leader == 2, "{s:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_certificates_are_reread_on_restart() -> anyhow::Result<()> {
+    let pki = Pki::new()?;
+    // Node 1 reads its own copies of the files (as from a mounted secret).
+    let own = TlsFiles {
+        cert: pki.dir().join("node1.pem"),
+        key: pki.dir().join("node1.key"),
+        ca: pki.cluster().ca,
+    };
+    let install = |from: &TlsFiles| -> anyhow::Result<()> {
+        std::fs::copy(&from.cert, &own.cert)?;
+        std::fs::copy(&from.key, &own.key)?;
+        Ok(())
+    };
+    install(&pki.cluster())?;
+    let shared = pki.write_config("shared.toml", Some(&pki.cluster()), "")?;
+    let node1 = pki.write_config("node1.toml", Some(&own), "")?;
+    let node_args = [(1, &node1), (2, &shared), (3, &shared)]
+        .into_iter()
+        .map(|(id, path)| (id, vec!["--config".to_string(), path.display().to_string()]))
+        .collect();
+    let mut cluster =
+        Cluster::start_with(3, Vec::new(), node_args, tls_options(&pki), None).await?;
+    let node_up =
+        |s: &pb::ClusterStatusResponse, id: u64| s.nodes.iter().find(|n| n.id == id).map(|n| n.up);
+
+    // The secret now holds a certificate of another CA: after a restart,
+    // node 1 presents it and the others shut it out.
+    install(&pki.foreign())?;
+    cluster.restart(1)?;
+    eventually("node 1 shut out", Duration::from_secs(20), || async {
+        let s = cluster.status_of(2, Duration::from_secs(2)).await?;
+        (node_up(&s, 1) == Some(false)).then_some(())
+    })
+    .await?;
+    // The right certificate again: after the next restart node 1 rejoins.
+    install(&pki.cluster())?;
+    cluster.restart(1)?;
+    eventually(
+        "node 1 back with a leader",
+        Duration::from_secs(30),
+        || async {
+            let s1 = cluster.status_of(1, Duration::from_secs(2)).await?;
+            let meta = s1.groups.iter().find(|g| g.name == "meta")?;
+            let s2 = cluster.status_of(2, Duration::from_secs(2)).await?;
+            (meta.leader != 0 && node_up(&s2, 1) == Some(true)).then_some(())
+        },
+    )
+    .await?;
+    Ok(())
+}

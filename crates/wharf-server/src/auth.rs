@@ -93,6 +93,18 @@ pub enum Action<'a> {
     Read,
 }
 
+impl<'a> Action<'a> {
+    /// Administering the stream `stream` (or its consumers).
+    pub fn admin(stream: &'a str) -> Self {
+        Action::Admin { stream }
+    }
+
+    /// Publishing to `subject`.
+    pub fn publish(subject: &'a str) -> Self {
+        Action::Publish { subject }
+    }
+}
+
 impl Principal {
     /// The principal the interceptor attached to `req`; none means refused.
     pub fn of<T>(req: &tonic::Request<T>) -> Result<Principal> {

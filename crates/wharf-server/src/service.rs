@@ -300,12 +300,8 @@ impl Wharf for WharfService {
         req: Request<pb::AddStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
         let hops = hops(&req);
-        let name = req
-            .get_ref()
-            .config
-            .as_ref()
-            .map_or("", |c| c.name.as_str());
-        authorize(&req, Action::Admin { stream: name })?;
+        let name = req.get_ref().config.as_ref().map(|c| c.name.as_str());
+        authorize(&req, Action::admin(name.unwrap_or_default()))?;
         let msg = req.into_inner();
         let config = stream_config_from_pb(msg.config.clone())?;
         let node = &self.node;
@@ -377,12 +373,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteStreamRequest>,
     ) -> Result<Response<pb::DeleteStreamResponse>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().name,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().name))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let node = &self.node;
@@ -411,12 +402,8 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
-        let name = req
-            .get_ref()
-            .config
-            .as_ref()
-            .map_or("", |c| c.name.as_str());
-        authorize(&req, Action::Admin { stream: name })?;
+        let name = req.get_ref().config.as_ref().map(|c| c.name.as_str());
+        authorize(&req, Action::admin(name.unwrap_or_default()))?;
         let hops = hops(&req);
         let info = self.node.update_stream(req.into_inner(), hops).await?;
         Ok(Response::new(info))
@@ -426,12 +413,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::PurgeStreamRequest>,
     ) -> Result<Response<pb::PurgeStreamResponse>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.purge_stream(req.into_inner(), hops).await?,
@@ -442,12 +424,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetMessageRequest>,
     ) -> Result<Response<pb::StreamMessage>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.get_message(req.into_inner(), hops).await?,
@@ -458,12 +435,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteMessageRequest>,
     ) -> Result<Response<pb::DeleteMessageResponse>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.delete_message(req.into_inner(), hops).await?,
@@ -474,12 +446,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishAck>, Status> {
-        authorize(
-            &req,
-            Action::Publish {
-                subject: &req.get_ref().subject,
-            },
-        )?;
+        authorize(&req, Action::publish(&req.get_ref().subject))?;
         let hops = hops(&req);
         Ok(Response::new(self.publish(req.into_inner(), hops).await?))
     }
@@ -506,7 +473,7 @@ impl Wharf for WharfService {
                     m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
                         Ok(Some(msg)) => {
                             let s = service.clone();
-                            let allowed = principal.check(Action::Publish { subject: &msg.subject });
+                            let allowed = principal.check(Action::publish(&msg.subject));
                             inflight.push_back(async move {
                                 allowed?;
                                 s.publish(msg, hops).await
@@ -540,12 +507,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let config = consumer_config_from_pb(msg.config.clone())?;
@@ -572,12 +534,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let config = consumer_config_from_pb(msg.config.clone())?;
@@ -651,12 +608,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteConsumerRequest>,
     ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let node = &self.node;
@@ -726,12 +678,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::StepDownRequest>,
     ) -> Result<Response<pb::StepDownResponse>, Status> {
-        authorize(
-            &req,
-            Action::Admin {
-                stream: &req.get_ref().stream,
-            },
-        )?;
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let r = retry(|| self.node.step_down(msg.clone(), hops)).await?;
