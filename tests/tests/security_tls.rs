@@ -220,15 +220,35 @@ async fn security_certificates_are_reread_on_restart() -> anyhow::Result<()> {
     let node_up =
         |s: &pb::ClusterStatusResponse, id: u64| s.nodes.iter().find(|n| n.id == id).map(|n| n.up);
 
-    // The secret now holds a certificate of another CA: after a restart,
-    // node 1 presents it and the others shut it out.
+    // The secret now holds a certificate of another CA. After a restart
+    // node 1 serves it (a client trusting only that CA gets its status; one
+    // trusting the cluster CA no longer gets through), and the others, which
+    // ping it on every status call, see it as down while it runs.
     install(&pki.foreign())?;
     cluster.restart(1)?;
-    eventually("node 1 shut out", Duration::from_secs(20), || async {
-        let s = cluster.status_of(2, Duration::from_secs(2)).await?;
-        (node_up(&s, 1) == Some(false)).then_some(())
-    })
+    let foreign_view = ConnectOptions {
+        tls_ca_pem: Some(std::fs::read(pki.foreign().ca)?),
+        ..Default::default()
+    };
+    let addr1 = cluster.node(1).addr.clone();
+    eventually(
+        "node 1 serving the new certificate",
+        Duration::from_secs(20),
+        || async {
+            let c = Client::connect(&addr1, &foreign_view).ok()?;
+            let c = c.with_retry_for(Duration::from_millis(500));
+            c.cluster_status().await.ok()
+        },
+    )
     .await?;
+    let cluster_view =
+        Client::connect(&addr1, &tls_options(&pki))?.with_retry_for(Duration::from_millis(500));
+    assert!(cluster_view.cluster_status().await.is_err());
+    let s2 = cluster
+        .status_of(2, Duration::from_secs(2))
+        .await
+        .expect("node 2 answers");
+    assert_eq!(node_up(&s2, 1), Some(false), "{s2:?}");
     // The right certificate again: after the next restart node 1 rejoins.
     install(&pki.cluster())?;
     cluster.restart(1)?;
