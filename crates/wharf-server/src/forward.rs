@@ -4,7 +4,9 @@
 //! another node, the call is re-sent there over one lazily connected gRPC
 //! channel per peer, marked with a hop count so a stale view of leadership
 //! can never bounce a request around forever. `retry` re-routes calls that
-//! failed because leadership was moving, for a bounded time.
+//! failed because leadership was moving, for a bounded time. Peer channels
+//! carry this node's credentials (mutual TLS or the cluster secret, see
+//! `security`): the receiving node trusts a forwarded call as authorized here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
