@@ -21,6 +21,8 @@ pub mod chaos;
 
 /// Scraping and reading a node's Prometheus `/metrics`.
 pub mod metrics;
+/// Test certificates and secured configs (the `security_*` tests).
+pub mod pki;
 
 /// The `wharf` binary built for this test run (target/<profile>/wharf).
 pub fn wharf_bin() -> PathBuf {
@@ -60,15 +62,33 @@ pub struct Cluster {
     pub extra_args: Vec<String>,
     /// Nodes stopped with SIGSTOP (`pause`) and not yet resumed.
     paused: std::collections::BTreeSet<u64>,
+    /// Arguments for one node only (e.g. its own `--config`).
+    pub node_args: std::collections::BTreeMap<u64, Vec<String>>,
+    /// TLS and credentials of every client the harness makes.
+    pub client_options: wharf_client::ConnectOptions,
 }
 
 impl Cluster {
     pub async fn start(n: u64) -> Result<Cluster> {
-        Self::start_with_args(n, &[]).await
+        Cluster::start_with(n, Vec::new(), Default::default(), Default::default(), None).await
     }
 
     /// `start`, with extra `wharf server` arguments for every node.
     pub async fn start_with_args(n: u64, args: &[&str]) -> Result<Cluster> {
+        let args = args.iter().map(|a| a.to_string()).collect();
+        Cluster::start_with(n, args, Default::default(), Default::default(), None).await
+    }
+
+    /// [`Cluster::start`] with arguments for every node, arguments per node,
+    /// the clients' TLS and credentials, and which nodes must see the meta
+    /// leader (`None`: any).
+    pub async fn start_with(
+        n: u64,
+        extra_args: Vec<String>,
+        node_args: std::collections::BTreeMap<u64, Vec<String>>,
+        client_options: wharf_client::ConnectOptions,
+        wait_on: Option<&[u64]>,
+    ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-test-").tempdir()?;
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
@@ -88,13 +108,30 @@ impl Cluster {
             nodes,
             peers,
             dir: Some(dir),
-            extra_args: args.iter().map(|a| a.to_string()).collect(),
+            extra_args,
             paused: Default::default(),
+            node_args,
+            client_options,
         };
         for id in 1..=n {
             cluster.spawn(id)?;
         }
-        cluster.wait_meta_leader(Duration::from_secs(30)).await?;
+        match wait_on {
+            None => {
+                cluster.wait_meta_leader(Duration::from_secs(30)).await?;
+            }
+            Some(ids) => {
+                for id in ids {
+                    let what = format!("node {id} sees a meta leader");
+                    eventually(&what, Duration::from_secs(30), || async {
+                        let s = cluster.status_of(*id, Duration::from_secs(2)).await?;
+                        let meta = s.groups.iter().find(|g| g.name == "meta")?;
+                        Some(meta.leader).filter(|l| *l != 0)
+                    })
+                    .await?;
+                }
+            }
+        }
         Ok(cluster)
     }
 
@@ -108,7 +145,8 @@ impl Cluster {
 
     fn spawn(&mut self, id: u64) -> Result<()> {
         let peers = self.peers.clone();
-        let extra = self.extra_args.clone();
+        let mut extra = self.extra_args.clone();
+        extra.extend(self.node_args.get(&id).cloned().unwrap_or_default());
         let node = self.node_mut(id);
         std::fs::create_dir_all(&node.data)?;
         let log = std::fs::OpenOptions::new()
@@ -183,12 +221,12 @@ impl Cluster {
     }
 
     pub fn client(&self) -> Client {
-        Client::new(&self.servers()).expect("client")
+        Client::connect(&self.servers(), &self.client_options).expect("client")
     }
 
     /// A client that talks to one node only.
     pub fn client_of(&self, id: u64) -> Client {
-        Client::new(&self.node(id).addr).expect("client")
+        Client::connect(&self.node(id).addr, &self.client_options).expect("client")
     }
 
     /// Run the CLI against this cluster. Client commands keep retrying for
@@ -218,7 +256,8 @@ impl Cluster {
     /// Cluster status from the first running node that answers.
     pub async fn status(&self) -> Result<pb::ClusterStatusResponse> {
         for n in self.nodes.iter().filter(|n| n.child.is_some()) {
-            let c = Client::new(&n.addr)?.with_retry_for(Duration::from_millis(500));
+            let c = Client::connect(&n.addr, &self.client_options)?
+                .with_retry_for(Duration::from_millis(500));
             if let Ok(s) = c.cluster_status().await {
                 return Ok(s);
             }
@@ -248,7 +287,7 @@ impl Cluster {
     async fn agreed_leader(&self, name: &str) -> Option<u64> {
         let mut seen = None;
         for n in self.nodes.iter().filter(|n| n.child.is_some()) {
-            let c = Client::new(&n.addr)
+            let c = Client::connect(&n.addr, &self.client_options)
                 .ok()?
                 .with_retry_for(Duration::from_millis(300));
             let s = c.cluster_status().await.ok()?;
@@ -360,6 +399,8 @@ impl Cluster {
             dir: Some(dir),
             extra_args: Vec::new(),
             paused: Default::default(),
+            node_args: Default::default(),
+            client_options: Default::default(),
         };
         for id in 1..=ips.len() as u64 {
             cluster.spawn(id)?;
@@ -436,7 +477,7 @@ impl Cluster {
     /// Cluster status as one node sees it, or None if it does not answer
     /// within `timeout` (paused, dead, partitioned).
     pub async fn status_of(&self, id: u64, timeout: Duration) -> Option<pb::ClusterStatusResponse> {
-        let c = Client::new(&self.node(id).addr)
+        let c = Client::connect(&self.node(id).addr, &self.client_options)
             .ok()?
             .with_retry_for(Duration::ZERO);
         tokio::time::timeout(timeout, c.cluster_status())

@@ -33,16 +33,17 @@ async fn every_node_accepts_every_request() -> anyhow::Result<()> {
         .wait_group_leader("ORDERS/shipping", Duration::from_secs(10))
         .await?;
     eprintln!("stream leader {stream_leader}, consumer leader {consumer_leader}");
-    // Every node reports itself live and ready through gRPC health.
+    // Every node reports itself live and ready through gRPC health (ready
+    // may trail the creation by one health check period: wait for it).
     for id in 1..=3u64 {
         for service in ["ready", "live"] {
             let addr = cluster.node(id).addr.clone();
-            let out = cluster.wharf(&["--server", &addr, "health", "--service", service]);
-            assert!(
-                out.status.success(),
-                "node {id} {service}: {}",
-                wharf_tests::stderr(&out)
-            );
+            let what = format!("node {id} {service}");
+            wharf_tests::eventually(&what, Duration::from_secs(10), || async {
+                let out = cluster.wharf(&["--server", &addr, "health", "--service", service]);
+                out.status.success().then_some(())
+            })
+            .await?;
         }
     }
 

@@ -13,8 +13,9 @@
 //! carries a message id (`publish_with_id`): the stream's duplicate window
 //! then stores it once.
 //!
-//! Left out: TLS and credentials.
+//! TLS and credentials: [`Client::connect`] with [`ConnectOptions`].
 
+mod connect;
 mod consumer;
 mod error;
 
@@ -24,10 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tonic::transport::{Channel, Endpoint};
 use wharf_proto::v1 as pb;
 use wharf_proto::v1::wharf_client::WharfClient;
 
+pub use connect::{ConnectOptions, Credentials, Grpc};
 pub use consumer::{Consumer, Message};
 pub use error::{ClientError, Result};
 pub use tonic::Code;
@@ -47,7 +48,7 @@ pub struct Client {
 }
 
 struct Inner {
-    seeds: Vec<(String, WharfClient<Channel>)>,
+    seeds: Vec<(String, Grpc)>,
     current: AtomicUsize,
     retry_for: Duration,
 }
@@ -55,21 +56,23 @@ struct Inner {
 impl Client {
     /// A client for the comma-separated `host:port` list. Connections are made lazily.
     pub fn new(servers: &str) -> Result<Client> {
+        Client::connect(servers, &ConnectOptions::default())
+    }
+
+    /// [`Client::new`] with TLS and credentials.
+    pub fn connect(servers: &str, options: &ConnectOptions) -> Result<Client> {
+        let credentials = options.credentials()?;
         let mut seeds = Vec::new();
         for addr in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let url = if addr.contains("://") {
-                addr.to_string()
-            } else {
-                format!("http://{addr}")
-            };
-            let endpoint = Endpoint::from_shared(url)
-                .map_err(|e| ClientError::InvalidAddress(format!("{addr}: {e}")))?
+            let endpoint = options
+                .endpoint(addr)?
                 .connect_timeout(Duration::from_secs(1))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(5))
                 .keep_alive_timeout(Duration::from_secs(5));
-            let client = WharfClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(64 * 1024 * 1024);
+            let client =
+                WharfClient::with_interceptor(endpoint.connect_lazy(), credentials.clone())
+                    .max_decoding_message_size(64 * 1024 * 1024);
             seeds.push((addr.to_string(), client));
         }
         if seeds.is_empty() {
@@ -103,7 +106,7 @@ impl Client {
     }
 
     /// The gRPC client of the current seed.
-    pub(crate) fn current(&self) -> WharfClient<Channel> {
+    pub(crate) fn current(&self) -> Grpc {
         let i = self.inner.current.load(Ordering::Relaxed) % self.inner.seeds.len();
         self.inner.seeds[i].1.clone()
     }
@@ -116,7 +119,7 @@ impl Client {
     /// Run a unary call, moving across seeds while the failure is transient.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
-        F: FnMut(WharfClient<Channel>) -> Fut,
+        F: FnMut(Grpc) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         self.call_within(ATTEMPT_TIMEOUT, f).await
@@ -125,7 +128,7 @@ impl Client {
     /// [`Self::call`] for admin calls, which may wait for groups to start or move.
     async fn call_admin<T, F, Fut>(&self, f: F) -> Result<T>
     where
-        F: FnMut(WharfClient<Channel>) -> Fut,
+        F: FnMut(Grpc) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         self.call_within(ADMIN_ATTEMPT_TIMEOUT, f).await
@@ -133,7 +136,7 @@ impl Client {
 
     async fn call_within<T, F, Fut>(&self, attempt_timeout: Duration, mut f: F) -> Result<T>
     where
-        F: FnMut(WharfClient<Channel>) -> Fut,
+        F: FnMut(Grpc) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let deadline = tokio::time::Instant::now() + self.inner.retry_for;

@@ -25,6 +25,7 @@ mod group;
 mod log_store;
 mod network;
 mod node;
+mod peer_auth;
 mod sm_store;
 mod transport;
 mod types;
@@ -37,6 +38,7 @@ use std::sync::Arc;
 pub use error::RaftError;
 pub use group::Group;
 pub use node::RaftNode;
+pub use peer_auth::{PeerAuth, PeerChannel, PeerCredentials, PEER_SECRET_HEADER};
 
 /// Identifies a node of the cluster.
 pub type NodeId = u64;

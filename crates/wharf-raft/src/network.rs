@@ -42,12 +42,12 @@ use openraft::RaftNetworkFactory;
 use openraft::RaftNetworkV2;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::Channel;
-use tonic::transport::Endpoint;
 use wharf_proto::v1::raft::raft_transport_client::RaftTransportClient;
 use wharf_proto::v1::raft::RaftFrame;
 use wharf_proto::v1::raft::SnapshotChunk;
 
+use crate::peer_auth::PeerChannel;
+use crate::peer_auth::PeerCredentials;
 use crate::types::decode;
 use crate::types::encode;
 use crate::types::Snapshot;
@@ -66,7 +66,9 @@ pub(crate) const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 pub(crate) struct PeerPool {
     node_id: NodeId,
     bind_ip: Option<std::net::IpAddr>,
-    clients: Mutex<HashMap<String, RaftTransportClient<Channel>>>,
+    /// Set once, before the first group starts; none means plain HTTP/2.
+    credentials: std::sync::OnceLock<PeerCredentials>,
+    clients: Mutex<HashMap<String, RaftTransportClient<PeerChannel>>>,
 }
 
 impl PeerPool {
@@ -74,6 +76,7 @@ impl PeerPool {
         PeerPool {
             node_id,
             bind_ip,
+            credentials: std::sync::OnceLock::new(),
             clients: Mutex::new(HashMap::new()),
         }
     }
@@ -82,9 +85,16 @@ impl PeerPool {
         self.node_id
     }
 
+    /// Use `credentials` for every peer channel. Only the first call counts.
+    pub(crate) fn set_credentials(&self, credentials: PeerCredentials) -> Result<(), String> {
+        self.credentials
+            .set(credentials)
+            .map_err(|_| "peer credentials are already set".to_string())
+    }
+
     /// The client for `addr` ("host:port"), creating its channel on first use.
     /// The channel connects lazily and reconnects by itself.
-    pub(crate) fn client(&self, addr: &str) -> Result<RaftTransportClient<Channel>, String> {
+    pub(crate) fn client(&self, addr: &str) -> Result<RaftTransportClient<PeerChannel>, String> {
         let mut clients = self
             .clients
             .lock()
@@ -92,17 +102,20 @@ impl PeerPool {
         if let Some(c) = clients.get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr}: {e}"))?
+        let credentials = self.credentials.get().cloned().unwrap_or_default();
+        let endpoint = credentials
+            .endpoint(addr)?
             .tcp_nodelay(true)
             .local_address(self.bind_ip)
-            .connect_timeout(Duration::from_secs(1))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true);
-        let client = RaftTransportClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let client = RaftTransportClient::with_interceptor(
+            endpoint.connect_lazy(),
+            credentials.interceptor(),
+        )
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
         clients.insert(addr.to_string(), client.clone());
         Ok(client)
     }

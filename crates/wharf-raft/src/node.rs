@@ -49,6 +49,7 @@ use crate::log_store::LogStore;
 use crate::network::NetworkFactory;
 use crate::network::PeerPool;
 use crate::network::MAX_MESSAGE_BYTES;
+use crate::peer_auth::PeerCredentials;
 use crate::sm_store::SmStore;
 use crate::transport::TransportService;
 use crate::types::WharfRaft;
@@ -262,6 +263,14 @@ impl RaftNode {
         }
         tracing::info!(group_id, destroy, "raft group stopped");
         Ok(())
+    }
+
+    /// Present `credentials` on every peer channel (mutual TLS or the
+    /// cluster secret). Call once, right after `open`, before any group starts.
+    pub fn set_peer_credentials(&self, credentials: PeerCredentials) -> Result<(), RaftError> {
+        self.pool
+            .set_credentials(credentials)
+            .map_err(RaftError::Config)
     }
 
     /// The running group `group_id`, if any.

@@ -11,7 +11,9 @@
 //! - The service holds only a weak reference to the node, so a running gRPC
 //!   server never keeps a shut-down node (and its sled `Db`) alive.
 //!
-//! Not here: authentication of peers; the node trusts its cluster network.
+//! Not here: authentication of peers. The server crate wraps this service in
+//! its peer guard (mutual TLS or the cluster secret, see `wharf-server`
+//! `security`); without either, the node trusts its cluster network.
 
 use std::sync::Arc;
 use std::sync::Weak;

@@ -218,9 +218,26 @@ fn client_key_of_addr(ip: IpAddr) -> ClientKey {
     ClientKey::Addr(ip)
 }
 
-/// The connection info of a call, when it came through [`incoming`].
+/// The connection info of a call, when it came through [`incoming`] (with
+/// TLS on, tonic wraps it in a `TlsConnectInfo`).
 pub fn conn_info<T>(req: &tonic::Request<T>) -> Option<&ConnInfo> {
-    req.extensions().get::<ConnInfo>()
+    let ext = req.extensions();
+    ext.get::<ConnInfo>().or_else(|| {
+        ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+            .map(|t| t.get_ref())
+    })
+}
+
+/// Whether the caller presented a (verified) TLS client certificate.
+/// `Request::peer_certs` only knows tonic's own TCP listener, not
+/// [`incoming`], so both wrappings are looked at here.
+pub fn has_client_cert<T>(req: &tonic::Request<T>) -> bool {
+    let ext = req.extensions();
+    let ours = ext
+        .get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+        .and_then(|t| t.peer_certs());
+    let certs = ours.or_else(|| req.peer_certs());
+    certs.is_some_and(|c| !c.is_empty())
 }
 
 /// The key a call counts against, or `None` for peer traffic (and for calls

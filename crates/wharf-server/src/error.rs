@@ -31,6 +31,12 @@ pub enum ServerError {
     NotLeader { leader: Option<u64> },
     #[error("internal error: {0}")]
     Internal(String),
+    /// No credentials, or wrong ones.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller is known but may not do this.
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 pub type Result<T, E = ServerError> = std::result::Result<T, E>;
@@ -85,6 +91,8 @@ impl From<ServerError> for tonic::Status {
             ServerError::Exhausted(_) => Code::ResourceExhausted,
             ServerError::Unavailable(_) | ServerError::NotLeader { .. } => Code::Unavailable,
             ServerError::Internal(_) => Code::Internal,
+            ServerError::Unauthenticated(_) => Code::Unauthenticated,
+            ServerError::PermissionDenied(_) => Code::PermissionDenied,
         };
         tonic::Status::new(code, e.to_string())
     }
@@ -101,6 +109,8 @@ impl From<tonic::Status> for ServerError {
             Code::AlreadyExists => ServerError::AlreadyExists(m),
             Code::FailedPrecondition => ServerError::Conflict(m),
             Code::ResourceExhausted => ServerError::Exhausted(m),
+            Code::Unauthenticated => ServerError::Unauthenticated(m),
+            Code::PermissionDenied => ServerError::PermissionDenied(m),
             Code::Internal | Code::DataLoss | Code::Unknown if !m.contains("transport") => {
                 ServerError::Internal(m)
             }

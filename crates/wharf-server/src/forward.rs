@@ -4,16 +4,17 @@
 //! another node, the call is re-sent there over one lazily connected gRPC
 //! channel per peer, marked with a hop count so a stale view of leadership
 //! can never bounce a request around forever. `retry` re-routes calls that
-//! failed because leadership was moving, for a bounded time.
+//! failed because leadership was moving, for a bounded time. Peer channels
+//! carry this node's credentials (mutual TLS or the cluster secret, see
+//! `security`): the receiving node trusts a forwarded call as authorized here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
 use wharf_proto::v1::wharf_client::WharfClient;
-use wharf_raft::NodeId;
+use wharf_raft::{NodeId, PeerChannel, PeerCredentials};
 
 use crate::error::{Result, ServerError};
 
@@ -26,19 +27,27 @@ pub const ROUTE_DEADLINE: Duration = Duration::from_secs(6);
 pub struct Peers {
     addrs: BTreeMap<NodeId, String>,
     bind_ip: Option<std::net::IpAddr>,
-    clients: Mutex<HashMap<NodeId, WharfClient<Channel>>>,
+    /// Mutual TLS or the cluster secret: the peer then trusts the call as
+    /// already authorized here.
+    credentials: PeerCredentials,
+    clients: Mutex<HashMap<NodeId, WharfClient<PeerChannel>>>,
 }
 
 impl Peers {
-    pub fn new(addrs: BTreeMap<NodeId, String>, bind_ip: Option<std::net::IpAddr>) -> Self {
+    pub fn new(
+        addrs: BTreeMap<NodeId, String>,
+        bind_ip: Option<std::net::IpAddr>,
+        credentials: PeerCredentials,
+    ) -> Self {
         Peers {
             addrs,
             bind_ip,
+            credentials,
             clients: Mutex::new(HashMap::new()),
         }
     }
 
-    pub fn client(&self, node: NodeId) -> Result<WharfClient<Channel>> {
+    pub fn client(&self, node: NodeId) -> Result<WharfClient<PeerChannel>> {
         let mut clients = self
             .clients
             .lock()
@@ -50,15 +59,16 @@ impl Peers {
             .addrs
             .get(&node)
             .ok_or_else(|| ServerError::Internal(format!("no address for node {node}")))?;
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| ServerError::Internal(format!("bad peer address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
+        let channel = self
+            .credentials
+            .endpoint(addr)
+            .map_err(ServerError::Internal)?
             .local_address(self.bind_ip)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();
-        let client = WharfClient::new(channel)
+        let client = WharfClient::with_interceptor(channel, self.credentials.interceptor())
             .max_decoding_message_size(64 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024);
         clients.insert(node, client.clone());

@@ -15,6 +15,7 @@
 //!   connection and pull-session counts, stateless request validation
 //!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
+pub mod auth;
 mod conn_limit;
 mod consumer_runtime;
 mod consumer_sm;
@@ -36,6 +37,7 @@ mod node;
 mod reflection;
 pub mod request_check;
 mod routing;
+pub mod security;
 mod service;
 mod status;
 mod stream_admin;
@@ -48,4 +50,5 @@ mod util;
 pub use error::ServerError;
 pub use limits::Limits;
 pub use node::{Node, NodeConfig};
+pub use security::SecurityConfig;
 pub use wharf_raft::RaftSettings;

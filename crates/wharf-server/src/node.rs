@@ -41,6 +41,8 @@ pub struct NodeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Server-wide limits (see `limits`).
     pub limits: crate::limits::Limits,
+    /// TLS, peer and client authentication (all off by default).
+    pub security: crate::security::SecurityConfig,
 }
 
 impl NodeConfig {
@@ -95,6 +97,8 @@ pub(crate) struct NodeInner {
     pub meta_version: watch::Receiver<u64>,
     pub local: Mutex<Local>,
     pub peers: Peers,
+    /// Loaded TLS settings, peer and client guards.
+    pub security: Arc<crate::security::Security>,
     pub next_session: AtomicU64,
     /// Set when shutdown begins: health turns NOT_SERVING.
     pub draining: std::sync::atomic::AtomicBool,
@@ -144,6 +148,7 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             ServerError::Invalid(format!("cannot create data dir {:?}: {e}", config.data_dir))
         })?;
+        let security = crate::security::Security::load(&config.security)?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| {
@@ -163,6 +168,7 @@ impl Node {
             settings.bind_ip = Some(config.listen.ip());
         }
         let raft = RaftNode::open(config.node_id, &config.data_dir, settings.clone())?;
+        raft.set_peer_credentials(security.peer_credentials())?;
 
         let (meta_machine, meta_version) = MetaMachine::new(config.peers.clone());
         let meta_sm = Arc::new(Mutex::new(meta_machine));
@@ -172,7 +178,12 @@ impl Node {
             .await?;
 
         let inner = Arc::new(NodeInner {
-            peers: Peers::new(config.peers.clone(), settings.bind_ip),
+            peers: Peers::new(
+                config.peers.clone(),
+                settings.bind_ip,
+                security.peer_credentials(),
+            ),
+            security,
             config,
             raft,
             meta,

@@ -3,6 +3,9 @@
 //! Handlers validate input, then either serve the call here (this node leads
 //! the group) or forward it to the node that does (see `routing`, `forward`).
 //! Every error leaves through `impl From<ServerError> for Status`.
+//! Every handler first checks the caller's permission for what it is about to
+//! do (`auth::authorize`), before any state changes; `security` attaches the
+//! caller's identity and guards the Raft transport.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -13,10 +16,12 @@ use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 use wharf_proto::v1 as pb;
 use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
+use crate::auth::{authorize, Action, Principal};
 use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX};
 use crate::consumer_sm::AckKind;
 use crate::error::{Result, ServerError};
@@ -47,12 +52,14 @@ pub async fn serve(
     let limits = node.config.limits.clone();
     // Oversize requests are refused by tonic itself (OUT_OF_RANGE, both sizes
     // in the message); calls on connections over the per-IP limit by the
-    // interceptor (RESOURCE_EXHAUSTED).
-    let wharf = tonic::service::interceptor::InterceptedService::new(
-        WharfServer::new(WharfService { node: node.clone() })
-            .max_decoding_message_size(limits.max_request_bytes),
-        crate::conn_limit::refuse_over_limit,
-    );
+    // connection interceptor (RESOURCE_EXHAUSTED), then unauthenticated ones
+    // by the client guard.
+    let wharf = WharfServer::new(WharfService { node: node.clone() })
+        .max_decoding_message_size(limits.max_request_bytes);
+    let wharf = InterceptedService::new(wharf, node.security.client_guard());
+    let wharf = InterceptedService::new(wharf, crate::conn_limit::refuse_over_limit);
+    let transport =
+        InterceptedService::new(node.raft.transport_service(), node.security.peer_guard());
     let peer_ips = Arc::new(crate::conn_limit::PeerIps::default());
     tokio::spawn(
         peer_ips
@@ -65,7 +72,17 @@ pub async fn serve(
         Default::default(),
         limits.max_connections_per_ip,
     );
-    let result = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = node.security.server_tls() {
+        builder = match builder.tls_config(tls) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!("TLS settings refused, not serving: {e}");
+                return;
+            }
+        };
+    }
+    let result = builder
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -74,7 +91,7 @@ pub async fn serve(
         .add_optional_service(reflection)
         .add_optional_service(reflection_alpha)
         .add_service(wharf)
-        .add_service(node.raft.transport_service())
+        .add_service(transport)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.changed().await;
         })
@@ -321,6 +338,8 @@ impl Wharf for WharfService {
         req: Request<pb::AddStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
         let hops = hops(&req);
+        let name = req.get_ref().config.as_ref().map(|c| c.name.as_str());
+        authorize(&req, Action::admin(name.unwrap_or_default()))?;
         let msg = req.into_inner();
         let node = &self.node;
         let config = check_add_stream(&node.config.limits, &msg)?;
@@ -352,6 +371,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let msg = req.into_inner();
         if msg.local {
@@ -367,6 +387,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::ListStreamsRequest>,
     ) -> Result<Response<pb::ListStreamsResponse>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let node = &self.node;
         if let Route::Remote(n) = node.route_meta().await? {
@@ -390,6 +411,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteStreamRequest>,
     ) -> Result<Response<pb::DeleteStreamResponse>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().name))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let node = &self.node;
@@ -418,6 +440,8 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddStreamRequest>,
     ) -> Result<Response<pb::StreamInfo>, Status> {
+        let name = req.get_ref().config.as_ref().map(|c| c.name.as_str());
+        authorize(&req, Action::admin(name.unwrap_or_default()))?;
         let hops = hops(&req);
         let info = self.node.update_stream(req.into_inner(), hops).await?;
         Ok(Response::new(info))
@@ -427,6 +451,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::PurgeStreamRequest>,
     ) -> Result<Response<pb::PurgeStreamResponse>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.purge_stream(req.into_inner(), hops).await?,
@@ -437,6 +462,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetMessageRequest>,
     ) -> Result<Response<pb::StreamMessage>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.get_message(req.into_inner(), hops).await?,
@@ -447,6 +473,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteMessageRequest>,
     ) -> Result<Response<pb::DeleteMessageResponse>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         Ok(Response::new(
             self.node.delete_message(req.into_inner(), hops).await?,
@@ -457,6 +484,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishAck>, Status> {
+        authorize(&req, Action::publish(&req.get_ref().subject))?;
         let hops = hops(&req);
         Ok(Response::new(self.publish(req.into_inner(), hops).await?))
     }
@@ -467,6 +495,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
+        let principal = Principal::of(&req)?;
         let hops = hops(&req);
         let mut inbound = req.into_inner();
         let service = WharfService {
@@ -482,7 +511,11 @@ impl Wharf for WharfService {
                     m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
                         Ok(Some(msg)) => {
                             let s = service.clone();
-                            inflight.push_back(async move { s.publish(msg, hops).await });
+                            let allowed = principal.check(Action::publish(&msg.subject));
+                            inflight.push_back(async move {
+                                allowed?;
+                                s.publish(msg, hops).await
+                            });
                         }
                         _ => open = false,
                     },
@@ -512,6 +545,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let config = check_add_consumer(&msg)?;
@@ -538,6 +572,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::AddConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let config = check_add_consumer(&msg)?;
@@ -579,6 +614,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::GetConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let info = retry(|| self.node.consumer_info(&msg.stream, &msg.name, hops)).await?;
@@ -589,6 +625,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::ListConsumersRequest>,
     ) -> Result<Response<pb::ListConsumersResponse>, Status> {
+        authorize(&req, Action::Read)?;
         let hops = hops(&req);
         let stream = req.into_inner().stream;
         let node = &self.node;
@@ -609,6 +646,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::DeleteConsumerRequest>,
     ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let node = &self.node;
@@ -640,6 +678,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
+        let principal = Principal::of(&req)?;
         let hops = hops(&req);
         // Counted at the node the client is connected to; sessions forwarded
         // from peers carry no key.
@@ -667,6 +706,10 @@ impl Wharf for WharfService {
             }
         };
         check_consume_open(&open)?;
+        principal.check(Action::Consume {
+            stream: &open.stream,
+            consumer: &open.consumer,
+        })?;
         let node = &self.node;
         let entry = node.find_consumer(&open.stream, &open.consumer).await?;
         let local = node.local_consumer(&open.stream, &open.consumer);
@@ -694,6 +737,7 @@ impl Wharf for WharfService {
         &self,
         req: Request<pb::StepDownRequest>,
     ) -> Result<Response<pb::StepDownResponse>, Status> {
+        authorize(&req, Action::admin(&req.get_ref().stream))?;
         let hops = hops(&req);
         let msg = req.into_inner();
         let r = retry(|| self.node.step_down(msg.clone(), hops)).await?;
@@ -702,8 +746,9 @@ impl Wharf for WharfService {
 
     async fn cluster_status(
         &self,
-        _req: Request<pb::ClusterStatusRequest>,
+        req: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        authorize(&req, Action::Read)?;
         Ok(Response::new(
             crate::status::cluster_status(&self.node).await,
         ))

@@ -19,6 +19,10 @@ pub struct Cli {
     #[arg(long, global = true, env = "WHARF_RETRY_FOR", default_value = "10s", value_parser = humantime::parse_duration)]
     pub retry_for: std::time::Duration,
 
+    /// TLS and credentials of client commands.
+    #[command(flatten)]
+    pub conn: crate::security_cmd::ConnArgs,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -49,14 +53,18 @@ pub enum Command {
     },
     /// Load the cluster and report throughput and latency percentiles.
     Bench(crate::bench::BenchArgs),
+    /// Print the argon2 hash of a password or token, for the server's
+    /// `[[auth.users]]` `password_hash` / `token_hash` (see docs/SECURITY.md).
+    Passwd(crate::security_cmd::PasswdArgs),
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct ServerArgs {
     /// A TOML file with any of the settings below (node_id, listen, data,
     /// peers, heartbeat_ms, election_min_ms, election_max_ms, metrics_listen,
-    /// log_format, and a `[limits]` table with the max_* settings; see
-    /// docs/CONFIG.md). Flags and environment variables override it.
+    /// log_format, a `[limits]` table with the max_* settings, and the
+    /// `[tls]` and `[auth]` sections; see docs/CONFIG.md and docs/SECURITY.md).
+    /// Flags and environment variables override it.
     #[arg(long, env = "WHARF_CONFIG")]
     pub config: Option<PathBuf>,
     /// This node's id (1 or more; must appear in --peers), or `ordinal`: the

@@ -8,8 +8,13 @@ use wharf_client::{proto as pb, Client};
 use crate::cli::{ClusterCmd, Command, ConsumerCmd, NextArgs, StreamCmd};
 use crate::format;
 
-pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result<()> {
-    let client = Client::new(servers)?.with_retry_for(retry_for);
+pub async fn run(
+    servers: &str,
+    options: &wharf_client::ConnectOptions,
+    retry_for: Duration,
+    command: Command,
+) -> Result<()> {
+    let client = Client::connect(servers, options)?.with_retry_for(retry_for);
     match command {
         Command::Stream(cmd) => stream(&client, cmd).await,
         Command::Pub(args) => {
@@ -46,7 +51,11 @@ pub async fn run(servers: &str, retry_for: Duration, command: Command) -> Result
             }
             Ok(())
         }
-        Command::Server(_) | Command::Dev(_) | Command::Bench(_) | Command::Health { .. } => {
+        Command::Server(_)
+        | Command::Dev(_)
+        | Command::Bench(_)
+        | Command::Passwd(_)
+        | Command::Health { .. } => {
             unreachable!("handled in main")
         }
     }

@@ -8,6 +8,7 @@ mod cli;
 mod client_cmd;
 mod format;
 mod limits_config;
+mod security_cmd;
 mod server_cmd;
 mod server_config;
 mod stream_cmd;
@@ -42,9 +43,14 @@ fn main() -> ExitCode {
         match cli.command {
             cli::Command::Server(args) => server_cmd::server(args).await,
             cli::Command::Dev(args) => server_cmd::dev(args).await,
-            cli::Command::Health { service } => server_cmd::health(&cli.server, &service).await,
+            cli::Command::Health { service } => {
+                server_cmd::health(&cli.server, &cli.conn.options()?, &service).await
+            }
             cli::Command::Bench(args) => bench::run(&cli.server, cli.retry_for, args).await,
-            command => client_cmd::run(&cli.server, cli.retry_for, command).await,
+            cli::Command::Passwd(args) => security_cmd::passwd(args),
+            command => {
+                client_cmd::run(&cli.server, &cli.conn.options()?, cli.retry_for, command).await
+            }
         }
     });
     match result {

@@ -77,6 +77,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             raft: settings(&args.raft),
             metrics_listen: None,
             limits: Default::default(),
+            security: Default::default(),
         };
         nodes.push(Node::start(config).await?);
     }
@@ -93,13 +94,18 @@ pub async fn dev(args: DevArgs) -> Result<()> {
 }
 
 /// Ask the first server of `servers` for the health of `service`.
-pub async fn health(servers: &str, service: &str) -> Result<()> {
+pub async fn health(
+    servers: &str,
+    options: &wharf_client::ConnectOptions,
+    service: &str,
+) -> Result<()> {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
 
     let addr = servers.split(',').next().unwrap_or_default().trim();
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+    let endpoint = options
+        .endpoint(addr)?
         .connect_timeout(std::time::Duration::from_secs(2))
         .timeout(std::time::Duration::from_secs(3));
     let channel = endpoint

@@ -27,6 +27,10 @@ pub struct FileConfig {
     metrics_listen: Option<String>,
     log_format: Option<LogFormat>,
     limits: Option<crate::limits_config::LimitsFile>,
+    /// `[tls]`: certificate files (docs/SECURITY.md).
+    tls: Option<wharf_server::security::TlsConfig>,
+    /// `[auth]`: cluster secret and users (docs/SECURITY.md).
+    auth: Option<wharf_server::security::AuthConfig>,
 }
 
 /// How `wharf server` writes its log lines.
@@ -212,6 +216,10 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         raft,
         metrics_listen,
         limits: crate::limits_config::resolve(&args.limits, file.limits),
+        security: wharf_server::SecurityConfig {
+            tls: file.tls,
+            auth: file.auth,
+        },
     })
 }
 
@@ -270,6 +278,9 @@ mod tests {
             metrics_listen,
             log_format,
             limits,
+            // Documented in docs/SECURITY.md, exercised by the security_* tests.
+            tls: _,
+            auth: _,
         } = file;
         assert!(limits.is_some());
         assert!(node_id.is_some() && listen.is_some() && data.is_some() && peers.is_some());
