@@ -41,6 +41,7 @@ pub mod security;
 mod service;
 mod status;
 mod stream_admin;
+mod stream_end;
 mod stream_retention;
 mod stream_runtime;
 mod stream_sm;

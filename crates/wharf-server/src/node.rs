@@ -102,6 +102,8 @@ pub(crate) struct NodeInner {
     pub next_session: AtomicU64,
     /// Set when shutdown begins: health turns NOT_SERVING.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Turns true when the server stops: open response streams end.
+    pub shutdown: watch::Receiver<bool>,
     /// gRPC call counts and latencies, filled by the server's layer.
     pub grpc_metrics: Arc<crate::grpc_metrics::GrpcMetrics>,
     /// Open pull sessions per client (`max_pulls_per_client`).
@@ -177,7 +179,9 @@ impl Node {
             .start_group(META_GROUP, config.peers.clone(), shared)
             .await?;
 
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(NodeInner {
+            shutdown: shutdown_rx.clone(),
             peers: Peers::new(
                 config.peers.clone(),
                 settings.bind_ip,
@@ -195,7 +199,6 @@ impl Node {
             grpc_metrics: Default::default(),
             pull_sessions: Default::default(),
         });
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let server = tokio::spawn(crate::service::serve(
             inner.clone(),
             listener,

@@ -538,7 +538,11 @@ impl Wharf for WharfService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let acks = Box::pin(ReceiverStream::new(rx));
+        Ok(Response::new(crate::stream_end::end_on_shutdown(
+            self.node.shutdown.clone(),
+            acks,
+        )))
     }
 
     async fn add_consumer(
@@ -730,7 +734,8 @@ impl Wharf for WharfService {
             let _held = &session_guard;
             item
         });
-        Ok(Response::new(Box::pin(stream) as ResponseStream<_>))
+        let stream = crate::stream_end::end_on_shutdown(node.shutdown.clone(), Box::pin(stream));
+        Ok(Response::new(stream))
     }
 
     async fn step_down(
