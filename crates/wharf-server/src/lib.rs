@@ -39,6 +39,7 @@ pub mod request_check;
 mod routing;
 pub mod security;
 mod service;
+mod sessions;
 mod status;
 mod stream_admin;
 mod stream_end;

@@ -8,7 +8,6 @@
 //! caller's identity and guards the Raft transport.
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,14 +21,12 @@ use wharf_proto::v1 as pb;
 use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
 use crate::auth::{authorize, Action, Principal};
-use crate::consumer_runtime::{ConsumerRuntime, Event, PendingAck, SESSION_OUTBOX};
-use crate::consumer_sm::AckKind;
 use crate::error::{Result, ServerError};
 use crate::forward::{hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
+use crate::request_check::check_publish;
 use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
-use crate::request_check::{check_publish, check_pull};
 use crate::routing::Route;
 use crate::util::now_ms;
 
@@ -102,7 +99,7 @@ pub async fn serve(
 }
 
 pub struct WharfService {
-    node: Arc<NodeInner>,
+    pub(crate) node: Arc<NodeInner>,
 }
 
 impl WharfService {
@@ -112,7 +109,7 @@ impl WharfService {
     }
 }
 
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+pub(crate) type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl WharfService {
     async fn publish_once(&self, msg: pb::PublishRequest, hops: u32) -> Result<pb::PublishAck> {
@@ -193,141 +190,6 @@ impl WharfService {
         self.node.wait_group_ready(gid).await;
         self.node.wait_consumer_started(stream, &name).await;
         self.node.wait_retention_registered(stream, &name).await
-    }
-
-    /// Attach a worker session to the local consumer runtime.
-    async fn attach(
-        &self,
-        runtime: ConsumerRuntime,
-        mut inbound: Streaming<pb::ConsumeRequest>,
-    ) -> Result<ResponseStream<pb::ConsumeResponse>> {
-        let session = self.node.next_session.fetch_add(1, Ordering::Relaxed);
-        let limits = self.node.config.limits.clone();
-        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
-        runtime
-            .send(Event::Open {
-                session,
-                out: tx.clone(),
-            })
-            .await?;
-        tokio::spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    m = inbound.message() => m,
-                    _ = tx.closed() => break,
-                };
-                let kind = match next {
-                    Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
-                    Ok(Some(_)) => continue,
-                    Ok(None) | Err(_) => break,
-                };
-                let event = match kind {
-                    pb::consume_request::Kind::Pull(pull) => {
-                        if let Err(e) = check_pull(&limits, &pull) {
-                            let _ = tx.send(Err(Status::from(e))).await;
-                            break;
-                        }
-                        Event::Pull { session, pull }
-                    }
-                    pb::consume_request::Kind::Ack(ack) => {
-                        let kind = match pb::AckKind::try_from(ack.kind) {
-                            Ok(pb::AckKind::Ack) => AckKind::Ack,
-                            Ok(pb::AckKind::Nak) => AckKind::Nak {
-                                delay_ms: ack.delay_ms,
-                            },
-                            Ok(pb::AckKind::InProgress) => AckKind::InProgress,
-                            Ok(pb::AckKind::Term) => {
-                                if !ack.reason.is_empty() {
-                                    tracing::info!(stream_seq = ack.stream_seq, reason = %ack.reason, "message termed");
-                                }
-                                AckKind::Term {
-                                    reason: truncate_reason(&ack.reason),
-                                }
-                            }
-                            Err(_) => {
-                                let msg = format!("unknown ack kind {}", ack.kind);
-                                let _ = tx.send(Err(Status::invalid_argument(msg))).await;
-                                break;
-                            }
-                        };
-                        Event::Ack(PendingAck {
-                            session,
-                            stream_seq: ack.stream_seq,
-                            reply_id: ack.reply_id,
-                            kind,
-                        })
-                    }
-                    pb::consume_request::Kind::Open(_) => {
-                        let _ = tx
-                            .send(Err(Status::invalid_argument(
-                                "this session is already open",
-                            )))
-                            .await;
-                        break;
-                    }
-                };
-                if runtime.send(event).await.is_err() {
-                    break;
-                }
-            }
-            let _ = runtime.send(Event::Close { session }).await;
-        });
-        Ok(Box::pin(ReceiverStream::new(rx)))
-    }
-
-    /// Relay a worker session to the consumer leader on another node.
-    async fn proxy(
-        &self,
-        leader: u64,
-        open: pb::ConsumeOpen,
-        mut inbound: Streaming<pb::ConsumeRequest>,
-        hops: u32,
-    ) -> Result<ResponseStream<pb::ConsumeResponse>> {
-        let (up_tx, up_rx) = mpsc::channel(SESSION_OUTBOX);
-        let open = pb::ConsumeRequest {
-            kind: Some(pb::consume_request::Kind::Open(open)),
-        };
-        up_tx
-            .send(open)
-            .await
-            .map_err(|_| ServerError::Internal("proxy channel closed".into()))?;
-        let req = onward(ReceiverStream::new(up_rx), hops)?;
-        let mut upstream = self
-            .node
-            .peers
-            .client(leader)?
-            .consume(req)
-            .await?
-            .into_inner();
-        tokio::spawn(async move {
-            while let Ok(Some(m)) = inbound.message().await {
-                if up_tx.send(m).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let (tx, rx) = mpsc::channel(SESSION_OUTBOX);
-        tokio::spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    m = upstream.message() => m,
-                    _ = tx.closed() => break,
-                };
-                match next {
-                    Ok(Some(m)) => {
-                        if tx.send(Ok(m)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        let _ = tx.send(Err(Status::from(ServerError::from(status)))).await;
-                        break;
-                    }
-                }
-            }
-        });
-        Ok(Box::pin(ReceiverStream::new(rx)))
     }
 }
 
@@ -764,7 +626,7 @@ impl Wharf for WharfService {
 const MAX_TERM_REASON_BYTES: usize = 512;
 
 /// `reason` cut to [`MAX_TERM_REASON_BYTES`] at a character boundary.
-fn truncate_reason(reason: &str) -> String {
+pub(crate) fn truncate_reason(reason: &str) -> String {
     let mut end = reason.len().min(MAX_TERM_REASON_BYTES);
     while !reason.is_char_boundary(end) {
         end -= 1;
