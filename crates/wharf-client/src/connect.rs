@@ -37,6 +37,9 @@ pub struct ConnectOptions {
     pub token: Option<String>,
     /// User name and password.
     pub user: Option<(String, String)>,
+    /// Source address of the client's connections (a multi-homed host);
+    /// `None` lets the OS choose.
+    pub local_address: Option<std::net::IpAddr>,
 }
 
 impl fmt::Debug for ConnectOptions {
@@ -61,7 +64,8 @@ impl ConnectOptions {
             format!("http://{addr}")
         };
         let mut endpoint = Endpoint::from_shared(url)
-            .map_err(|e| ClientError::InvalidAddress(format!("{addr}: {e}")))?;
+            .map_err(|e| ClientError::InvalidAddress(format!("{addr}: {e}")))?
+            .local_address(self.local_address);
         if let Some(ca) = &self.tls_ca_pem {
             let mut tls = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(ca))

@@ -247,6 +247,13 @@ pub fn client_key<T>(req: &tonic::Request<T>) -> Option<ClientKey> {
     if info.from_peer {
         return None;
     }
+    // With authentication on, a logged-in user is the client (the auth
+    // interceptor ran before the handler that asks).
+    match req.extensions().get::<crate::auth::Principal>() {
+        Some(crate::auth::Principal::User(u)) => return Some(ClientKey::User(u.name.clone())),
+        Some(crate::auth::Principal::Peer) => return None,
+        _ => {}
+    }
     Some(client_key_of_addr(info.remote?.ip()))
 }
 

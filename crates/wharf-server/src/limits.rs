@@ -13,10 +13,10 @@
 //! refuses an oversize request itself, with OUT_OF_RANGE and a message that
 //! gives both sizes, before any handler runs.
 //!
-//! "Per client" is keyed by [`ClientKey`]: today the remote IP address.
-//! Authentication (users) is the hook: derive the key from the identity in
-//! [`ClientKey`]'s one constructor site, `conn_limit::client_key`, and every
-//! per-client limit follows.
+//! "Per client" is keyed by [`ClientKey`] (built in `conn_limit::client_key`):
+//! the logged-in user when authentication is on, else the remote IP address.
+//! Connections are counted when accepted, before any login, so
+//! `max_connections_per_ip` is always per address.
 //!
 //! Invariants: counters never go below zero and never leak (a count is held
 //! by a [`CountGuard`] and given back on drop); the stream and consumer
@@ -145,13 +145,17 @@ impl Limits {
 /// authenticated identity will be another variant (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ClientKey {
+    /// A client without a login, by its remote address.
     Addr(IpAddr),
+    /// A logged-in user (authentication on), wherever it connects from.
+    User(String),
 }
 
 impl std::fmt::Display for ClientKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientKey::Addr(ip) => write!(f, "{ip}"),
+            ClientKey::User(name) => write!(f, "user {name:?}"),
         }
     }
 }

@@ -69,6 +69,7 @@ impl ConnArgs {
             tls_server_name: self.tls_server_name.clone(),
             token: self.token.clone(),
             user: self.user.clone().zip(self.password.clone()),
+            local_address: None,
         })
     }
 }
