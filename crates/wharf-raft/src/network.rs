@@ -26,6 +26,9 @@ use openraft::errors::RPCError;
 use openraft::errors::ReplicationClosed;
 use openraft::errors::StreamingError;
 use openraft::errors::Timeout;
+
+/// Shortest deadline of an AppendEntries call (see `append_entries`).
+const MIN_APPEND_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 use openraft::errors::Unreachable;
 use openraft::network::RPCOption;
 use openraft::raft::AppendEntriesRequest;
@@ -293,7 +296,14 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.unary(Rpc::Append, &rpc, option.soft_ttl()).await
+        // openraft gives replication the heartbeat interval (its soft TTL is
+        // 3/4 of it: 112 ms at the default 150 ms). A follower that must
+        // fsync a large catch-up batch on a loaded machine can need longer,
+        // and a replication stream that always times out never catches the
+        // follower up (seen in a 30-minute chaos run: a 20 s stall).
+        // Heartbeats keep their own, shorter, openraft-side timeout.
+        let ttl = option.soft_ttl().max(MIN_APPEND_DEADLINE);
+        self.unary(Rpc::Append, &rpc, ttl).await
     }
 
     async fn vote(
