@@ -118,7 +118,17 @@ impl Cluster {
         }
         match wait_on {
             None => {
-                cluster.wait_meta_leader(Duration::from_secs(30)).await?;
+                if let Err(e) = cluster.wait_meta_leader(Duration::from_secs(30)).await {
+                    // Keep the node logs: a cluster that cannot elect is a bug
+                    // to read about, not just a failed test.
+                    if let Some(dir) = cluster.dir.take() {
+                        eprintln!(
+                            "cluster data and node logs kept in {}",
+                            dir.keep().display()
+                        );
+                    }
+                    return Err(e);
+                }
             }
             Some(ids) => {
                 for id in ids {
