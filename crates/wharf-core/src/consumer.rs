@@ -395,6 +395,15 @@ impl ConsumerState {
         self.backlog.len() as u64
     }
 
+    /// Messages of `stream` not yet delivered a first time (NATS'
+    /// `num_pending`): those after the position that match the filters, plus
+    /// the start backlog.
+    pub fn num_pending(&self, stream: &StreamState) -> u64 {
+        self.config
+            .count_matching_after(stream, self.delivered.stream_seq)
+            + self.backlog_len()
+    }
+
     /// Whether deliveries are paused at `now_ms`.
     pub fn is_paused(&self, now_ms: i64) -> bool {
         self.config.pause_until_ms > now_ms

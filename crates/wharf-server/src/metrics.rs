@@ -158,12 +158,7 @@ pub(crate) fn collect(node: &NodeInner) -> Snapshot {
             let floor = state.ack_floor();
             let num_pending = stream_local
                 .and_then(|s| s.sm.lock().ok())
-                .map(|s| {
-                    state
-                        .config()
-                        .count_matching_after(s.state(), delivered.stream_seq)
-                        + state.backlog_len()
-                })
+                .map(|s| state.num_pending(s.state()))
                 .unwrap_or(0);
             ConsumerSample {
                 stream: stream.clone(),

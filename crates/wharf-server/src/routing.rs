@@ -313,12 +313,7 @@ impl NodeInner {
                 let num_pending = stream_sm
                     .sm
                     .lock()
-                    .map(|s| {
-                        state
-                            .config()
-                            .count_matching_after(s.state(), delivered.stream_seq)
-                            + state.backlog_len()
-                    })
+                    .map(|s| state.num_pending(s.state()))
                     .map_err(|_| poisoned())?;
                 Ok(pb::ConsumerInfo {
                     stream_name: stream.to_string(),
