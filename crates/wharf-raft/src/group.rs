@@ -79,6 +79,8 @@ fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
         last_log_index: m.last_log_index.unwrap_or(0),
         committed: m.local_committed.as_ref().map(|l| l.index).unwrap_or(0),
         last_applied: m.last_applied.as_ref().map(|l| l.index).unwrap_or(0),
+        snapshot_index: m.snapshot.as_ref().map(|l| l.index).unwrap_or(0),
+        purged_index: m.purged.as_ref().map(|l| l.index).unwrap_or(0),
         voters: m.membership_config.membership().voter_ids().collect(),
         leader_changes: 0,
         error,

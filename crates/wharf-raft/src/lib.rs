@@ -50,11 +50,33 @@ pub type GroupId = u64;
 pub trait StateMachine: Send + Sync + 'static {
     /// Apply one committed normal entry; returns the response handed to the writer.
     fn apply(&mut self, index: u64, command: &[u8]) -> Vec<u8>;
-    /// Serialize the whole state (for a snapshot).
+    /// Serialize the state for the snapshot this node stores. It may leave
+    /// out what the state machine keeps durable in its own sled tree: the
+    /// snapshot is stored only after a flush of the whole database, so that
+    /// tree then holds at least everything up to the snapshot's index.
     fn snapshot(&self) -> Result<Vec<u8>, String>;
-    /// Replace the whole state from a snapshot.
+    /// Replace the whole state from a snapshot received from another node
+    /// (the bytes a [`Self::snapshot_expander`] produced, or `snapshot`'s).
     fn restore(&mut self, data: &[u8]) -> Result<(), String>;
+    /// Restore from this node's own stored snapshot when the group starts:
+    /// the state machine's own storage is still there (and may be ahead of
+    /// the snapshot; the log replayed after it repeats those writes). The
+    /// default is [`Self::restore`].
+    fn restore_local(&mut self, data: &[u8]) -> Result<(), String> {
+        self.restore(data)
+    }
+    /// Adds the left-out part to a stored snapshot when it is sent to
+    /// another node; `None` (the default) sends the stored bytes as they are.
+    /// It runs on the sending task, without this state machine's lock, so
+    /// it reads the state machine's storage as it is at that time (see the
+    /// stream state machine for why that is enough).
+    fn snapshot_expander(&self) -> Option<SnapshotExpander> {
+        None
+    }
 }
+
+/// Turns a stored snapshot into the bytes sent to another node.
+pub type SnapshotExpander = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>;
 
 /// A state machine shared between its group and the server.
 pub type SharedStateMachine = Arc<std::sync::Mutex<dyn StateMachine>>;
@@ -86,7 +108,9 @@ impl Default for RaftSettings {
             heartbeat_ms: 150,
             election_min_ms: 500,
             election_max_ms: 900,
-            snapshot_every_entries: None,
+            // A stream's stored snapshot is its message index, without the
+            // payloads, so building one costs O(messages), not O(bytes).
+            snapshot_every_entries: Some(10_000),
             bind_ip: None,
         }
     }
@@ -127,6 +151,11 @@ pub struct GroupStatus {
     pub committed: u64,
     /// Index of the last entry applied to the state machine (0 when none).
     pub last_applied: u64,
+    /// Index of the last entry in this node's latest snapshot (0 when none).
+    pub snapshot_index: u64,
+    /// Index of the last entry purged from this node's log (0 when none):
+    /// the log holds `purged_index + 1 ..= last_log_index`.
+    pub purged_index: u64,
     /// Voters of the current membership.
     pub voters: Vec<NodeId>,
     /// Why the group failed (with [`Role::Failed`]).

@@ -54,6 +54,7 @@ use crate::peer_auth::PeerCredentials;
 use crate::types::decode;
 use crate::types::encode;
 use crate::types::Snapshot;
+use crate::types::SnapshotData;
 use crate::types::TypeConfig;
 use crate::types::Vote;
 use crate::types::WireResult;
@@ -238,7 +239,18 @@ impl PeerNetwork {
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let meta = encode(&(vote, snapshot.meta))
             .map_err(|e| StreamingError::Network(NetworkError::from_string(e)))?;
-        let data = Bytes::from(snapshot.snapshot);
+        // Reading back what the state machine left out of its stored
+        // snapshot (a stream's payloads) is blocking sled I/O.
+        let data = tokio::task::spawn_blocking(move || snapshot.snapshot.into_transfer_bytes())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| {
+                StreamingError::Network(NetworkError::from_string(format!(
+                    "snapshot for transfer: {e}"
+                )))
+            })?;
+        let data = Bytes::from(data);
         let n_chunks = data.len().div_ceil(SNAPSHOT_CHUNK_BYTES).max(1);
         let mut chunks = Vec::with_capacity(n_chunks);
         for i in 0..n_chunks {
@@ -289,7 +301,7 @@ impl PeerNetwork {
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerNetwork {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,

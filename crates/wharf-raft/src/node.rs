@@ -91,8 +91,11 @@ fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
         election_timeout_min: s.election_min_ms,
         election_timeout_max: s.election_max_ms,
         install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT_MS,
-        max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT,
-        purge_batch_size: PURGE_BATCH_ENTRIES,
+        // Never more than the snapshot interval, so the log stays within
+        // twice the interval (a small interval is for tests and tiny disks).
+        max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT
+            .min(s.snapshot_every_entries.unwrap_or(u64::MAX)),
+        purge_batch_size: PURGE_BATCH_ENTRIES.min(s.snapshot_every_entries.unwrap_or(u64::MAX)),
         ..Config::default()
     };
     c.snapshot_policy = match s.snapshot_every_entries {

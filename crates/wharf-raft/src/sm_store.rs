@@ -1,11 +1,17 @@
 //! Adapts the server's [`StateMachine`](crate::StateMachine) to openraft, and
 //! keeps the group's latest snapshot in its `g{id}.meta` tree.
 //!
-//! The state machine lives in memory only. After a restart openraft rebuilds
-//! it: first from the stored snapshot (it calls `install_snapshot` with what
-//! `get_current_snapshot` returns), then by re-applying the log up to the
-//! persisted `committed` index. So the caller must hand a *fresh* state
-//! machine to `start_group`.
+//! The state machine lives in memory (a stream's payloads excepted: they stay
+//! in its own sled tree). After a restart it is rebuilt: first from the stored
+//! snapshot (`SmStore::new` calls `StateMachine::restore_local`, so openraft
+//! finds it applied up to the snapshot), then openraft re-applies the log up
+//! to the persisted `committed` index. So the caller must hand a *fresh*
+//! state machine to `start_group`.
+//!
+//! A stored snapshot may leave out what the state machine keeps in its own
+//! tree; it is added back only when the snapshot is sent to a peer
+//! ([`SnapshotData::into_transfer_bytes`]). A snapshot received from a peer is
+//! restored with `StateMachine::restore` and then stored in the local form.
 //!
 //! Invariants:
 //! - `last_applied` and the membership advance together with `apply`, which
@@ -38,6 +44,7 @@ use crate::types::io_err;
 use crate::types::CmdResponse;
 use crate::types::LogId;
 use crate::types::Snapshot;
+use crate::types::SnapshotData;
 use crate::types::SnapshotMeta;
 use crate::types::StoredMembership;
 use crate::types::TypeConfig;
@@ -85,16 +92,13 @@ impl SnapshotStore {
         }
     }
 
-    fn load(&self) -> io::Result<Option<Snapshot>> {
+    fn load(&self) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
         let Some(meta) = self.load_meta()? else {
             return Ok(None);
         };
         let data = self.meta_tree.get(KEY_SNAPSHOT_DATA).map_err(io_err)?;
         let data = data.ok_or_else(|| io_err("snapshot meta without data"))?;
-        Ok(Some(Snapshot {
-            meta,
-            snapshot: data.to_vec(),
-        }))
+        Ok(Some((meta, data.to_vec())))
     }
 }
 
@@ -107,7 +111,10 @@ pub(crate) struct SmStore {
 }
 
 impl SmStore {
-    /// `sm` must be fresh (empty); see the module docs.
+    /// `sm` must be fresh (empty); see the module docs. It is restored here
+    /// from the stored snapshot, if any ([`StateMachine::restore_local`]), so
+    /// openraft finds it applied up to that snapshot and only replays the log
+    /// after it.
     pub(crate) fn new(
         sm: SharedStateMachine,
         meta_tree: sled::Tree,
@@ -118,17 +125,32 @@ impl SmStore {
             flusher,
             stored: Arc::new(Mutex::new(None)),
         };
-        let stored = snapshots.load_meta()?.and_then(|m| m.last_log_id);
+        let mut last_applied = None;
+        let mut membership = StoredMembership::default();
+        if let Some((meta, data)) = snapshots.load()? {
+            sm.lock()
+                .map_err(|_| io_err("state machine lock poisoned"))?
+                .restore_local(&data)
+                .map_err(|e| io_err(format!("state machine restore from own snapshot: {e}")))?;
+            last_applied = meta.last_log_id;
+            membership = meta.last_membership;
+        }
         *snapshots
             .stored
             .lock()
-            .map_err(|_| io_err("snapshot lock poisoned"))? = stored;
+            .map_err(|_| io_err("snapshot lock poisoned"))? = last_applied;
         Ok(SmStore {
             sm,
-            last_applied: None,
-            membership: StoredMembership::default(),
+            last_applied,
+            membership,
             snapshots,
         })
+    }
+
+    /// Marks a snapshot as this node's own (see `install_snapshot`).
+    fn expander(&self) -> crate::SnapshotExpander {
+        let own = self.sm.lock().ok().and_then(|sm| sm.snapshot_expander());
+        own.unwrap_or_else(|| Arc::new(|stored: &[u8]| Ok(stored.to_vec())))
     }
 
     fn apply_command(&self, index: u64, command: &[u8]) -> io::Result<Vec<u8>> {
@@ -144,11 +166,12 @@ impl SmStore {
 pub(crate) struct SnapshotBuilder {
     meta: SnapshotMeta,
     data: Result<Vec<u8>, String>,
+    expander: crate::SnapshotExpander,
     snapshots: SnapshotStore,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let data = self
@@ -158,13 +181,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         self.snapshots.save(&self.meta, &data).await?;
         Ok(Snapshot {
             meta: self.meta.clone(),
-            snapshot: data,
+            snapshot: SnapshotData {
+                bytes: data,
+                expander: Some(self.expander.clone()),
+            },
         })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for SmStore {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
@@ -203,6 +229,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                 last_membership: self.membership.clone(),
             },
             data,
+            expander: self.expander(),
             snapshots: self.snapshots.clone(),
         }
     }
@@ -210,22 +237,42 @@ impl RaftStateMachine<TypeConfig> for SmStore {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
-        {
+        let local = {
             let mut sm = self
                 .sm
                 .lock()
                 .map_err(|_| io_err("state machine lock poisoned"))?;
-            sm.restore(&snapshot)
-                .map_err(|e| io_err(format!("state machine restore: {e}")))?;
-        }
+            if snapshot.expander.is_some() {
+                // This node's own snapshot (openraft restoring at startup):
+                // what it left out is still in the state machine's storage.
+                sm.restore_local(&snapshot.bytes)
+                    .map_err(|e| io_err(format!("state machine restore: {e}")))?;
+                snapshot.bytes
+            } else {
+                sm.restore(&snapshot.bytes)
+                    .map_err(|e| io_err(format!("state machine restore: {e}")))?;
+                // Store it the way this node's own snapshots are stored.
+                sm.snapshot()
+                    .map_err(|e| io_err(format!("state machine snapshot: {e}")))?
+            }
+        };
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.snapshots.save(meta, &snapshot).await
+        self.snapshots.save(meta, &local).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        self.snapshots.load()
+        let Some((meta, bytes)) = self.snapshots.load()? else {
+            return Ok(None);
+        };
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: SnapshotData {
+                bytes,
+                expander: Some(self.expander()),
+            },
+        }))
     }
 }

@@ -34,6 +34,7 @@ use wharf_proto::v1::raft::SnapshotChunk;
 use crate::types::decode;
 use crate::types::encode;
 use crate::types::Snapshot;
+use crate::types::SnapshotData;
 use crate::types::SnapshotMeta;
 use crate::types::TypeConfig;
 use crate::types::Vote;
@@ -161,14 +162,26 @@ impl RaftTransport for TransportService {
             data.extend_from_slice(&chunk.data);
             last = chunk.last;
         }
+        let (from_node, bytes) = (first.from_node, data.len());
+        let last_index = meta.last_log_id.as_ref().map_or(0, |l| l.index);
         let snapshot = Snapshot {
             meta,
-            snapshot: data,
+            snapshot: SnapshotData::received(data),
         };
         let res = raft
             .install_full_snapshot(vote, snapshot)
             .await
             .map_err(|e| e.to_string());
+        if res.is_ok() {
+            // Tests look for this line: a catch-up by snapshot, not by log.
+            tracing::info!(
+                group_id,
+                from_node,
+                last_index,
+                bytes,
+                "installed a snapshot sent by the leader"
+            );
+        }
         self.reply(group_id, res)
     }
 }

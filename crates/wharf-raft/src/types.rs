@@ -11,6 +11,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::SnapshotExpander;
+
 /// An opaque command proposed by the server; the state machine interprets it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Cmd(pub(crate) Bytes);
@@ -54,7 +56,40 @@ pub(crate) type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 pub(crate) type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 pub(crate) type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
 pub(crate) type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
-pub(crate) type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, Vec<u8>>;
+pub(crate) type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
+
+/// The data of a snapshot as openraft passes it around.
+///
+/// A state machine may keep part of its state durable in storage of its own
+/// (a stream's payloads) and leave it out of the snapshot it stores; that part
+/// is read back only when the snapshot is sent to another node
+/// ([`SnapshotData::into_transfer_bytes`]), not when it is built or restored
+/// locally.
+pub(crate) struct SnapshotData {
+    /// The bytes as stored (local) or as received (a transfer).
+    pub(crate) bytes: Vec<u8>,
+    /// `Some` for this node's own snapshots: adds the state machine's own
+    /// storage for a transfer. `None` for a received snapshot.
+    pub(crate) expander: Option<SnapshotExpander>,
+}
+
+impl SnapshotData {
+    /// A snapshot received from a peer: already complete.
+    pub(crate) fn received(bytes: Vec<u8>) -> Self {
+        SnapshotData {
+            bytes,
+            expander: None,
+        }
+    }
+
+    /// The bytes to send to a peer.
+    pub(crate) fn into_transfer_bytes(self) -> Result<Vec<u8>, String> {
+        match self.expander {
+            Some(expand) => expand(&self.bytes),
+            None => Ok(self.bytes),
+        }
+    }
+}
 
 /// What a server puts in a reply frame: the openraft response, or the text of
 /// a fatal error on the remote side (the client treats it as unreachable).

@@ -308,7 +308,7 @@ fn render_consumers(e: &mut Exposition, consumers: &[ConsumerSample]) {
 type GroupField = fn(&GroupStatus) -> u64;
 
 fn render_groups(e: &mut Exposition, groups: &[GroupSample]) {
-    let families: [(&str, &str, Kind, GroupField); 7] = [
+    let families: [(&str, &str, Kind, GroupField); 9] = [
         (
             "wharf_raft_term",
             "Current Raft term of the group.",
@@ -338,6 +338,18 @@ fn render_groups(e: &mut Exposition, groups: &[GroupSample]) {
             "Index of the last entry applied to this node's state machine.",
             Kind::Gauge,
             |s| s.last_applied,
+        ),
+        (
+            "wharf_raft_snapshot_index",
+            "Index of the last entry in this node's latest snapshot of the group (0 when none).",
+            Kind::Gauge,
+            |s| s.snapshot_index,
+        ),
+        (
+            "wharf_raft_log_entries",
+            "Entries in this node's Raft log of the group (not yet purged after a snapshot).",
+            Kind::Gauge,
+            |s| s.last_log_index.saturating_sub(s.purged_index),
         ),
         (
             "wharf_raft_voters",
@@ -403,6 +415,8 @@ mod tests {
             last_log_index: 12,
             committed: 11,
             last_applied: 10,
+            snapshot_index: 0,
+            purged_index: 0,
             voters: vec![1, 2, 3],
             leader_changes: 2,
             error: None,

@@ -91,6 +91,11 @@ pub struct ServerArgs {
     /// heard from its leader this recently votes for no one [default: 900].
     #[arg(long, env = "WHARF_ELECTION_MAX_MS")]
     pub election_max_ms: Option<u64>,
+    /// Every group snapshots its state and purges its Raft log after this
+    /// many applied entries; 0 never does (the log then grows without bound)
+    /// [default: 10000].
+    #[arg(long, env = "WHARF_SNAPSHOT_EVERY_ENTRIES")]
+    pub snapshot_every_entries: Option<u64>,
     /// Address to serve Prometheus metrics on over HTTP (GET /metrics),
     /// e.g. 0.0.0.0:9090 [default: none, no metrics endpoint].
     #[arg(long, env = "WHARF_METRICS_LISTEN")]

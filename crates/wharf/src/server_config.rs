@@ -24,6 +24,7 @@ pub struct FileConfig {
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
+    snapshot_every_entries: Option<u64>,
     metrics_listen: Option<String>,
     log_format: Option<LogFormat>,
     limits: Option<crate::limits_config::LimitsFile>,
@@ -206,6 +207,11 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
             .election_max_ms
             .or(file.election_max_ms)
             .unwrap_or(defaults.election_max_ms),
+        snapshot_every_entries: match args.snapshot_every_entries.or(file.snapshot_every_entries) {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => defaults.snapshot_every_entries,
+        },
         ..defaults
     };
     Ok(NodeConfig {
@@ -275,6 +281,7 @@ mod tests {
             heartbeat_ms,
             election_min_ms,
             election_max_ms,
+            snapshot_every_entries,
             metrics_listen,
             log_format,
             limits,
@@ -285,7 +292,7 @@ mod tests {
         assert!(limits.is_some());
         assert!(node_id.is_some() && listen.is_some() && data.is_some() && peers.is_some());
         assert!(heartbeat_ms.is_some() && election_min_ms.is_some() && election_max_ms.is_some());
-        assert!(metrics_listen.is_some());
+        assert!(metrics_listen.is_some() && snapshot_every_entries.is_some());
         assert_eq!(log_format, Some(LogFormat::Json));
 
         let dir = tempfile::tempdir().unwrap();
@@ -300,6 +307,7 @@ mod tests {
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
+            snapshot_every_entries: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
@@ -333,6 +341,7 @@ mod tests {
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
+            snapshot_every_entries: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
@@ -373,6 +382,7 @@ mod tests {
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
+            snapshot_every_entries: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
