@@ -23,6 +23,7 @@ pub mod chaos;
 pub mod metrics;
 /// Test certificates and secured configs (the `security_*` tests).
 pub mod pki;
+pub mod powerloss;
 
 /// The `wharf` binary built for this test run (target/<profile>/wharf).
 pub fn wharf_bin() -> PathBuf {
@@ -66,6 +67,8 @@ pub struct Cluster {
     pub node_args: std::collections::BTreeMap<u64, Vec<String>>,
     /// TLS and credentials of every client the harness makes.
     pub client_options: wharf_client::ConnectOptions,
+    /// Nodes run with the power-loss shim (see [`powerloss`]).
+    simulate_power_loss: bool,
 }
 
 impl Cluster {
@@ -87,6 +90,25 @@ impl Cluster {
         extra_args: Vec<String>,
         node_args: std::collections::BTreeMap<u64, Vec<String>>,
         client_options: wharf_client::ConnectOptions,
+        wait_on: Option<&[u64]>,
+    ) -> Result<Cluster> {
+        let options = (client_options, false);
+        Cluster::start_inner(n, extra_args, node_args, options, wait_on).await
+    }
+
+    /// [`Cluster::start_with_args`] with every node under the power-loss
+    /// shim, so that [`Cluster::power_cut`] can drop what was not fsynced.
+    pub async fn start_simulating_power_loss(n: u64, args: &[&str]) -> Result<Cluster> {
+        let args = args.iter().map(|a| a.to_string()).collect();
+        let options = (Default::default(), true);
+        Cluster::start_inner(n, args, Default::default(), options, None).await
+    }
+
+    async fn start_inner(
+        n: u64,
+        extra_args: Vec<String>,
+        node_args: std::collections::BTreeMap<u64, Vec<String>>,
+        (client_options, simulate_power_loss): (wharf_client::ConnectOptions, bool),
         wait_on: Option<&[u64]>,
     ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-test-").tempdir()?;
@@ -112,6 +134,7 @@ impl Cluster {
             paused: Default::default(),
             node_args,
             client_options,
+            simulate_power_loss,
         };
         for id in 1..=n {
             cluster.spawn(id)?;
@@ -157,7 +180,13 @@ impl Cluster {
         let peers = self.peers.clone();
         let mut extra = self.extra_args.clone();
         extra.extend(self.node_args.get(&id).cloned().unwrap_or_default());
+        let power_loss = self.simulate_power_loss;
         let node = self.node_mut(id);
+        let env = if power_loss {
+            powerloss::env_for(&node.data)
+        } else {
+            Vec::new()
+        };
         std::fs::create_dir_all(&node.data)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -177,6 +206,7 @@ impl Cluster {
             .args(["--metrics-listen", &node.metrics_addr])
             .args(&extra)
             .env("WHARF_LOG", "info,openraft=warn")
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -210,6 +240,17 @@ impl Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Power cut: SIGKILL, then the node's files lose everything that was
+    /// not fsynced (only with [`Cluster::start_simulating_power_loss`]).
+    pub fn power_cut(&mut self, id: u64) -> Result<powerloss::Cut> {
+        anyhow::ensure!(
+            self.simulate_power_loss,
+            "the cluster runs without the power-loss shim"
+        );
+        self.kill(id);
+        powerloss::cut(&self.node(id).data)
     }
 
     pub fn restart(&mut self, id: u64) -> Result<()> {
@@ -411,6 +452,7 @@ impl Cluster {
             paused: Default::default(),
             node_args: Default::default(),
             client_options: Default::default(),
+            simulate_power_loss: false,
         };
         for id in 1..=ips.len() as u64 {
             cluster.spawn(id)?;

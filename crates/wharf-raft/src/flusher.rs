@@ -3,8 +3,9 @@
 //! Writers (log appends of every group, votes, snapshots, explicit
 //! [`crate::RaftNode::flush`] calls) first apply their write to sled, then hand
 //! a completion to the flusher over a bounded channel. The flusher takes
-//! everything queued, calls `db.flush_async()` once (sled fsyncs the whole
-//! database), then completes all of them in FIFO order.
+//! everything queued, calls `db.flush_async()` once and then fsyncs sled's
+//! files (`sled_files`: sled's flush alone is not an fsync), then completes
+//! all of them in FIFO order.
 //!
 //! Invariants:
 //! - A completion is only ever signalled `Ok` after a flush that *started after*
@@ -18,12 +19,16 @@
 //! Not here: retrying failed flushes (a storage error stops the affected groups).
 
 use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
 
 use openraft::storage::IOFlushed;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::sled_files::SledFiles;
 use crate::types::io_err;
 use crate::types::TypeConfig;
 
@@ -63,18 +68,20 @@ pub(crate) struct FlusherTask {
 }
 
 impl Flusher {
-    /// Starts the flusher task for `db` on the current tokio runtime.
-    pub(crate) fn spawn(db: sled::Db) -> (Flusher, FlusherTask) {
+    /// Starts the flusher task for `db`, opened at `dir`, on the current
+    /// tokio runtime.
+    pub(crate) fn spawn(db: sled::Db, dir: &Path) -> io::Result<(Flusher, FlusherTask)> {
+        let files = Arc::new(Mutex::new(SledFiles::open(dir)?));
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let (stop_tx, stop_rx) = oneshot::channel();
-        let join = tokio::spawn(run(db, rx, stop_rx));
-        (
+        let join = tokio::spawn(run(db, files, rx, stop_rx));
+        Ok((
             Flusher { tx },
             FlusherTask {
                 stop: Some(stop_tx),
                 join: Some(join),
             },
-        )
+        ))
     }
 
     /// Queues an append's callback; it is completed after the next flush.
@@ -120,7 +127,12 @@ impl FlusherTask {
     }
 }
 
-async fn run(db: sled::Db, mut rx: mpsc::Receiver<Waiter>, mut stop: oneshot::Receiver<()>) {
+async fn run(
+    db: sled::Db,
+    files: Arc<Mutex<SledFiles>>,
+    mut rx: mpsc::Receiver<Waiter>,
+    mut stop: oneshot::Receiver<()>,
+) {
     let mut batch: Vec<Waiter> = Vec::new();
     loop {
         let first = tokio::select! {
@@ -135,7 +147,7 @@ async fn run(db: sled::Db, mut rx: mpsc::Receiver<Waiter>, mut stop: oneshot::Re
         while let Ok(w) = rx.try_recv() {
             batch.push(w);
         }
-        flush_and_complete(&db, &mut batch).await;
+        flush_and_complete(&db, &files, &mut batch).await;
     }
     // Stopping: refuse new work, then give what is queued one last flush.
     rx.close();
@@ -143,16 +155,28 @@ async fn run(db: sled::Db, mut rx: mpsc::Receiver<Waiter>, mut stop: oneshot::Re
         batch.push(w);
     }
     if !batch.is_empty() {
-        flush_and_complete(&db, &mut batch).await;
+        flush_and_complete(&db, &files, &mut batch).await;
     }
     tracing::debug!("flusher stopped");
 }
 
-async fn flush_and_complete(db: &sled::Db, batch: &mut Vec<Waiter>) {
-    let res = db.flush_async().await.map(|_| ()).map_err(|e| {
+async fn flush_and_complete(db: &sled::Db, files: &Arc<Mutex<SledFiles>>, batch: &mut Vec<Waiter>) {
+    let res = match db.flush_async().await {
+        // sled's flush is not an fsync (see `sled_files`): finish it.
+        Ok(_) => {
+            let files = files.clone();
+            let synced = tokio::task::spawn_blocking(move || match files.lock() {
+                Ok(mut f) => f.sync().map_err(|e| format!("fsync: {e}")),
+                Err(_) => Err("sled files lock poisoned".to_string()),
+            })
+            .await;
+            synced.unwrap_or_else(|e| Err(format!("fsync task: {e}")))
+        }
+        Err(e) => Err(format!("flush: {e}")),
+    };
+    if let Err(e) = &res {
         tracing::error!(error = %e, "sled flush failed");
-        format!("flush: {e}")
-    });
+    }
     for w in batch.drain(..) {
         w.complete(&res);
     }
@@ -169,7 +193,7 @@ mod tests {
             .path(dir.path().join("sled"))
             .open()
             .unwrap();
-        let (flusher, mut task) = Flusher::spawn(db.clone());
+        let (flusher, mut task) = Flusher::spawn(db.clone(), &dir.path().join("sled")).unwrap();
         let tree = db.open_tree("t").unwrap();
         let waits = (0..200u32).map(|i| {
             let f = flusher.clone();

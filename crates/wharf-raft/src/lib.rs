@@ -26,6 +26,7 @@ mod log_store;
 mod network;
 mod node;
 mod peer_auth;
+mod sled_files;
 mod sm_store;
 mod transport;
 mod types;

@@ -126,11 +126,13 @@ impl RaftNode {
         }
         std::fs::create_dir_all(data_dir)
             .map_err(|e| RaftError::Storage(format!("{}: {e}", data_dir.display())))?;
+        let sled_dir = data_dir.join("sled");
         let db = sled::Config::new()
-            .path(data_dir.join("sled"))
+            .path(&sled_dir)
             .cache_capacity(SLED_CACHE_BYTES)
             .open()?;
-        let (flusher, flusher_task) = Flusher::spawn(db.clone());
+        let (flusher, flusher_task) = Flusher::spawn(db.clone(), &sled_dir)
+            .map_err(|e| RaftError::Storage(format!("{}: {e}", sled_dir.display())))?;
         Ok(Arc::new(RaftNode {
             node_id,
             config: Arc::new(config),

@@ -60,7 +60,8 @@ impl StoreBuilder<TypeConfig, LogStore, SmStore, Guard> for SledBuilder {
             .path(dir.path().join("sled"))
             .open()
             .map_err(storage_err)?;
-        let (flusher, task) = Flusher::spawn(db.clone());
+        let (flusher, task) =
+            Flusher::spawn(db.clone(), &dir.path().join("sled")).map_err(storage_err)?;
         let (log, meta) = LogStore::open(&db, 1, flusher.clone(), None).map_err(storage_err)?;
         let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), meta, flusher)
             .map_err(storage_err)?;
