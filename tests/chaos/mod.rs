@@ -151,7 +151,8 @@ pub async fn run(opts: Options) -> Result<Outcome> {
         });
     }
 
-    let mut cluster = Cluster::start_on_ips(&node_ips(3)).await?;
+    let power_loss = faults.contains(&FaultKind::PowerLoss);
+    let mut cluster = Cluster::start_on_ips(&node_ips(3), power_loss).await?;
     let history = Arc::new(History::new());
     let outcome = drive(&opts, &mut cluster, faults, net, history.clone()).await;
     let keep = opts.keep || outcome.as_ref().map(|o| !o.valid()).unwrap_or(true);

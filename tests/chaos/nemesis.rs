@@ -8,6 +8,9 @@
 //! - `restart`: SIGTERM (graceful handover), wait for the exit, start again.
 //! - `partition`: iptables DROP between one node's IP and the others', both
 //!   ways; clients (127.0.0.1) still reach every node. Removed at heal.
+//! - `power-loss`: SIGKILL of a random node, then its files lose every write
+//!   it had not fsynced (`crate::powerloss`; the nodes then run under the
+//!   shim); started again at heal.
 //!
 //! The RNG decides the kinds, the victims and the durations; which node leads
 //! a group at the time is the cluster's business, so a seed replays the same
@@ -33,15 +36,17 @@ pub enum FaultKind {
     Pause,
     Restart,
     Partition,
+    PowerLoss,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::Kill,
         FaultKind::LeaderKill,
         FaultKind::Pause,
         FaultKind::Restart,
         FaultKind::Partition,
+        FaultKind::PowerLoss,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +56,7 @@ impl FaultKind {
             FaultKind::Pause => "pause",
             FaultKind::Restart => "restart",
             FaultKind::Partition => "partition",
+            FaultKind::PowerLoss => "power-loss",
         }
     }
 
@@ -64,7 +70,7 @@ impl FaultKind {
             match FaultKind::ALL.iter().find(|k| k.name() == part) {
                 Some(k) => out.push(*k),
                 None => bail!(
-                    "unknown fault {part:?} (kill, leader-kill, pause, restart, partition, all)"
+                    "unknown fault {part:?} (kill, leader-kill, pause, restart, partition, power-loss, all)"
                 ),
             }
         }
@@ -297,6 +303,14 @@ impl Nemesis {
                 cluster.pause(node)?;
                 "SIGSTOP".to_string()
             }
+            FaultKind::PowerLoss => {
+                let cut = cluster.power_cut(node)?;
+                format!(
+                    "SIGKILL, unsynced writes dropped ({} files rolled back, {} dropped)",
+                    cut.rolled_back.len(),
+                    cut.dropped.len()
+                )
+            }
             FaultKind::Restart => {
                 let started = tokio::time::Instant::now();
                 let clean = cluster.terminate(node, Duration::from_secs(20)).await;
@@ -330,7 +344,7 @@ impl Nemesis {
     /// Undo one fault.
     pub async fn heal(&mut self, cluster: &mut Cluster, a: Active) -> Result<()> {
         let detail = match a.kind {
-            FaultKind::Kill | FaultKind::LeaderKill | FaultKind::Restart => {
+            FaultKind::Kill | FaultKind::LeaderKill | FaultKind::Restart | FaultKind::PowerLoss => {
                 cluster.start_node(a.node)?;
                 "started again".to_string()
             }

@@ -423,7 +423,11 @@ impl Cluster {
     /// Start one node per IP, each listening on `ip:<free port>`, so that a
     /// link between two nodes can be cut with iptables by address (the
     /// server binds its outgoing peer connections to its listen IP).
-    pub async fn start_on_ips(ips: &[std::net::IpAddr]) -> Result<Cluster> {
+    /// With `simulate_power_loss`, nodes run under the power-loss shim.
+    pub async fn start_on_ips(
+        ips: &[std::net::IpAddr],
+        simulate_power_loss: bool,
+    ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-chaos-").tempdir()?;
         let mut nodes = Vec::new();
         for (i, ip) in ips.iter().enumerate() {
@@ -452,7 +456,7 @@ impl Cluster {
             paused: Default::default(),
             node_args: Default::default(),
             client_options: Default::default(),
-            simulate_power_loss: false,
+            simulate_power_loss,
         };
         for id in 1..=ips.len() as u64 {
             cluster.spawn(id)?;
