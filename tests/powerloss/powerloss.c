@@ -290,49 +290,23 @@ static mode_t mode_arg(int flags, va_list ap) {
     return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
 }
 
-int open(const char *path, int flags, ...) {
-    init();
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    int fd = real_open(path, flags, mode);
-    track(fd);
-    return fd;
-}
+/* The four open calls: take the optional mode, open, follow the result. */
+#define DEFINE_OPEN(name, real_call, ...)                  \
+    int name(__VA_ARGS__, int flags, ...) {                 \
+        init();                                             \
+        va_list ap;                                         \
+        va_start(ap, flags);                                \
+        mode_t mode = mode_arg(flags, ap);                  \
+        va_end(ap);                                         \
+        int fd = real_call;                                 \
+        track(fd);                                          \
+        return fd;                                          \
+    }
 
-int open64(const char *path, int flags, ...) {
-    init();
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    int fd = real_open(path, flags, mode);
-    track(fd);
-    return fd;
-}
-
-int openat(int dirfd, const char *path, int flags, ...) {
-    init();
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    int fd = real_openat(dirfd, path, flags, mode);
-    track(fd);
-    return fd;
-}
-
-int openat64(int dirfd, const char *path, int flags, ...) {
-    init();
-    va_list ap;
-    va_start(ap, flags);
-    mode_t mode = mode_arg(flags, ap);
-    va_end(ap);
-    int fd = real_openat(dirfd, path, flags, mode);
-    track(fd);
-    return fd;
-}
+DEFINE_OPEN(open, real_open(path, flags, mode), const char *path)
+DEFINE_OPEN(open64, real_open(path, flags, mode), const char *path)
+DEFINE_OPEN(openat, real_openat(dirfd, path, flags, mode), int dirfd, const char *path)
+DEFINE_OPEN(openat64, real_openat(dirfd, path, flags, mode), int dirfd, const char *path)
 
 int creat(const char *path, mode_t mode) {
     return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode);

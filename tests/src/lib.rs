@@ -316,6 +316,48 @@ impl Cluster {
         bail!("no node answered cluster status")
     }
 
+    /// Create an R3 stream with default limits.
+    pub async fn add_stream(&self, name: &str, subjects: &[&str]) -> Result<pb::StreamInfo> {
+        let config = pb::StreamConfig {
+            name: name.into(),
+            subjects: subjects.iter().map(|s| s.to_string()).collect(),
+            replicas: 3,
+            ..Default::default()
+        };
+        Ok(self.client().add_stream(config).await?)
+    }
+
+    /// Create a consumer (explicit ack, deliver all) and read every stored
+    /// message through it, acking each: (stream seq, payload) in order.
+    pub async fn read_all(&self, stream: &str, consumer: &str) -> Result<Vec<(u64, String)>> {
+        let client = self.client();
+        let config = pb::ConsumerConfig {
+            name: consumer.into(),
+            ..Default::default()
+        };
+        client.add_consumer(stream, config).await?;
+        let stored = client.stream_info(stream).await?.state.unwrap_or_default();
+        let mut worker = client.consumer(stream, consumer);
+        let mut got = Vec::new();
+        while (got.len() as u64) < stored.messages {
+            let batch = worker.fetch(100, Duration::from_secs(5)).await?;
+            anyhow::ensure!(
+                !batch.is_empty(),
+                "consumer {consumer} stopped at {} of {}",
+                got.len(),
+                stored.messages
+            );
+            for m in batch {
+                worker.ack(m.stream_seq).await?;
+                got.push((
+                    m.stream_seq,
+                    String::from_utf8_lossy(&m.payload).into_owned(),
+                ));
+            }
+        }
+        Ok(got)
+    }
+
     pub async fn wait_meta_leader(&self, timeout: Duration) -> Result<u64> {
         self.wait_group_leader("meta", timeout).await
     }

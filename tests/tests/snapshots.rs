@@ -8,8 +8,7 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
-use wharf_client::proto as pb;
+use anyhow::{Context, Result};
 use wharf_tests::{eventually, metrics, Cluster};
 
 const SNAPSHOT_EVERY: u64 = 50;
@@ -28,38 +27,6 @@ async fn raft_log(cluster: &Cluster, id: u64) -> Result<(u64, u64)> {
     Ok((snapshot as u64, entries as u64))
 }
 
-/// Every message, read through a new consumer, as (seq, payload).
-async fn read_all(cluster: &Cluster, consumer: &str) -> Result<Vec<(u64, String)>> {
-    let client = cluster.client();
-    client
-        .add_consumer(
-            "ORDERS",
-            pb::ConsumerConfig {
-                name: consumer.into(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let mut worker = client.consumer("ORDERS", consumer);
-    let mut got = Vec::new();
-    while (got.len() as u64) < MESSAGES {
-        let batch = worker.fetch(100, Duration::from_secs(5)).await?;
-        ensure!(
-            !batch.is_empty(),
-            "consumer {consumer} stopped at {}",
-            got.len()
-        );
-        for m in batch {
-            worker.ack(m.stream_seq).await?;
-            got.push((
-                m.stream_seq,
-                String::from_utf8_lossy(&m.payload).into_owned(),
-            ));
-        }
-    }
-    Ok(got)
-}
-
 fn expected() -> Vec<(u64, String)> {
     (1..=MESSAGES).map(|i| (i, format!("order-{i}"))).collect()
 }
@@ -69,14 +36,7 @@ async fn log_stays_bounded_and_a_follower_down_long_catches_up_by_snapshot() -> 
     let every = SNAPSHOT_EVERY.to_string();
     let mut cluster = Cluster::start_with_args(3, &["--snapshot-every-entries", &every]).await?;
     let client = cluster.client();
-    client
-        .add_stream(pb::StreamConfig {
-            name: "ORDERS".into(),
-            subjects: vec!["orders.>".into()],
-            replicas: 3,
-            ..Default::default()
-        })
-        .await?;
+    cluster.add_stream("ORDERS", &["orders.>"]).await?;
     let leader = cluster.wait_group_leader("ORDERS", WAIT).await?;
     let down = (1..=3).find(|id| *id != leader).expect("a follower");
     cluster.kill(down);
@@ -139,7 +99,10 @@ async fn log_stays_bounded_and_a_follower_down_long_catches_up_by_snapshot() -> 
         let m = node.get_message("ORDERS", seq).await?;
         assert_eq!(String::from_utf8_lossy(&m.payload), format!("order-{seq}"));
     }
-    assert_eq!(read_all(&cluster, "after-catch-up").await?, expected());
+    assert_eq!(
+        cluster.read_all("ORDERS", "after-catch-up").await?,
+        expected()
+    );
 
     // SIGKILL everything: each node restores its own snapshot (index only,
     // payloads from its tree) and replays the log after it.
@@ -158,6 +121,9 @@ async fn log_stays_bounded_and_a_follower_down_long_catches_up_by_snapshot() -> 
         })
         .await?;
     }
-    assert_eq!(read_all(&cluster, "after-restart").await?, expected());
+    assert_eq!(
+        cluster.read_all("ORDERS", "after-restart").await?,
+        expected()
+    );
     Ok(())
 }
