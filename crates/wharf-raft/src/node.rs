@@ -29,6 +29,7 @@
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::RwLock;
 use std::time::Duration;
@@ -50,7 +51,9 @@ use crate::network::NetworkFactory;
 use crate::network::PeerPool;
 use crate::network::MAX_MESSAGE_BYTES;
 use crate::peer_auth::PeerCredentials;
+use crate::sm_store::remove_snapshot_files;
 use crate::sm_store::SmStore;
+use crate::sm_store::SnapshotStore;
 use crate::transport::TransportService;
 use crate::types::WharfRaft;
 use crate::Group;
@@ -73,6 +76,8 @@ const PURGE_BATCH_ENTRIES: u64 = 256;
 pub struct RaftNode {
     node_id: NodeId,
     config: Arc<Config>,
+    /// Where groups keep their snapshots' data (`data_dir/snapshots`).
+    snapshot_dir: PathBuf,
     read_timeout: Duration,
     lease_wait: Duration,
     db: sled::Db,
@@ -136,6 +141,7 @@ impl RaftNode {
         Ok(Arc::new(RaftNode {
             node_id,
             config: Arc::new(config),
+            snapshot_dir: data_dir.join("snapshots"),
             read_timeout: Duration::from_millis(settings.election_max_ms.saturating_mul(3)),
             lease_wait: Duration::from_millis(settings.election_max_ms),
             db,
@@ -195,8 +201,14 @@ impl RaftNode {
         let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
         let (log_store, meta_tree) =
             LogStore::open(&self.db, group_id, self.flusher.clone(), fault)?;
-        let sm_store = SmStore::new(sm.clone(), meta_tree, self.flusher.clone())
-            .map_err(|e| RaftError::Storage(e.to_string()))?;
+        let snapshots = SnapshotStore::new(
+            group_id,
+            &self.snapshot_dir,
+            meta_tree,
+            self.flusher.clone(),
+        );
+        let sm_store =
+            SmStore::new(sm.clone(), snapshots).map_err(|e| RaftError::Storage(e.to_string()))?;
         let network = NetworkFactory {
             group_id,
             pool: self.pool.clone(),
@@ -265,6 +277,8 @@ impl RaftNode {
             self.db.drop_tree(log_name)?;
             self.db.drop_tree(meta_name)?;
             self.flush().await?;
+            remove_snapshot_files(&self.snapshot_dir, group_id, None)
+                .map_err(|e| RaftError::Storage(format!("snapshot files: {e}")))?;
         }
         tracing::info!(group_id, destroy, "raft group stopped");
         Ok(())

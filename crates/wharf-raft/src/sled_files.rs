@@ -10,13 +10,15 @@
 //! acknowledged publishes lost on every node.
 //!
 //! [`SledFiles::sync`] runs after each `flush_async`: it `fdatasync`s the main
-//! file, and `fsync`s every blob file not synced before and then the blob
-//! directory. Only after it returns does the flusher report writes durable.
+//! file, and `fsync`s every blob file that is new or has grown since it was
+//! last synced (sled may still be writing a blob of a later, unflushed write
+//! while this runs), and then the blob directory. Only after it returns does
+//! the flusher report writes durable.
 //!
 //! Left out: sled's `conf` and snapshot files (sled fsyncs its snapshots; the
 //! `conf` file is rewritten at open when missing).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
@@ -26,8 +28,9 @@ use std::path::{Path, PathBuf};
 pub(crate) struct SledFiles {
     dir: PathBuf,
     db_file: File,
-    /// Blob files already fsynced (and still present at the last sync).
-    synced_blobs: HashSet<OsString>,
+    /// Blob files already fsynced, with their length then (those still
+    /// present at the last sync).
+    synced_blobs: HashMap<OsString, u64>,
 }
 
 impl SledFiles {
@@ -36,7 +39,7 @@ impl SledFiles {
         Ok(SledFiles {
             dir: dir.to_path_buf(),
             db_file: File::open(dir.join("db"))?,
-            synced_blobs: HashSet::new(),
+            synced_blobs: HashMap::new(),
         })
     }
 
@@ -49,20 +52,26 @@ impl SledFiles {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
-        let mut present = HashSet::new();
+        let mut present = HashMap::new();
         let mut synced_new = false;
         for entry in entries {
-            let name = entry?.file_name();
-            if !self.synced_blobs.contains(&name) {
+            let entry = entry?;
+            let name = entry.file_name();
+            let len = match entry.metadata() {
+                Ok(m) => m.len(),
+                // Removed by sled's blob GC meanwhile: nothing to keep.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if self.synced_blobs.get(&name) != Some(&len) {
                 match File::open(blobs.join(&name)) {
                     Ok(f) => f.sync_all()?,
-                    // Removed by sled's blob GC meanwhile: nothing to keep.
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e),
                 }
                 synced_new = true;
             }
-            present.insert(name);
+            present.insert(name, len);
         }
         self.synced_blobs = present;
         if synced_new {

@@ -1,5 +1,6 @@
 //! Adapts the server's [`StateMachine`](crate::StateMachine) to openraft, and
-//! keeps the group's latest snapshot in its `g{id}.meta` tree.
+//! keeps the group's latest snapshot (meta in its `g{id}.meta` tree, data in
+//! a file of the node's snapshot directory: see `SnapshotStore`).
 //!
 //! The state machine lives in memory (a stream's payloads excepted: they stay
 //! in its own sled tree). After a restart it is rebuilt: first from the stored
@@ -25,6 +26,8 @@
 //! Not here: when to snapshot (openraft's `snapshot_policy`), log purging.
 
 use std::io;
+use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
 
@@ -48,16 +51,29 @@ use crate::types::SnapshotData;
 use crate::types::SnapshotMeta;
 use crate::types::StoredMembership;
 use crate::types::TypeConfig;
+use crate::GroupId;
 use crate::SharedStateMachine;
 
 /// bincode `SnapshotMeta` of the stored snapshot.
 const KEY_SNAPSHOT_META: &[u8] = b"snapshot_meta";
-/// The state machine's snapshot bytes, stored as they are.
-const KEY_SNAPSHOT_DATA: &[u8] = b"snapshot_data";
+/// File name (in the node's snapshot directory) of the stored snapshot's data.
+const KEY_SNAPSHOT_FILE: &[u8] = b"snapshot_file";
 
-/// Writes snapshots to the meta tree, never replacing a newer one.
+/// Stores snapshots, never replacing a newer one: the data in a file of the
+/// node's snapshot directory (`g{group}.{last index}.snap`), the meta and the
+/// file's name in the group's meta tree.
+///
+/// The data stays out of sled on purpose: sled 0.34 stores a value over
+/// about 128 KiB as a separate blob file, and a stream's index or a large
+/// consumer's state is often bigger; in a chaos run with simulated power
+/// loss (docs/RELIABILITY.md, bug 5) a node's sled then failed a blob's CRC.
+/// A file is written, fsynced and renamed into place, and the directory
+/// fsynced, before the meta tree names it; older files of the group are
+/// removed after that is flushed.
 #[derive(Clone)]
-struct SnapshotStore {
+pub(crate) struct SnapshotStore {
+    group_id: GroupId,
+    dir: PathBuf,
     meta_tree: sled::Tree,
     flusher: Flusher,
     /// `last_log_id` of the stored snapshot; the lock orders concurrent writers.
@@ -65,24 +81,60 @@ struct SnapshotStore {
 }
 
 impl SnapshotStore {
+    pub(crate) fn new(
+        group_id: GroupId,
+        dir: &Path,
+        meta_tree: sled::Tree,
+        flusher: Flusher,
+    ) -> Self {
+        SnapshotStore {
+            group_id,
+            dir: dir.to_path_buf(),
+            meta_tree,
+            flusher,
+            stored: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    fn is_newer(&self, meta: &SnapshotMeta) -> io::Result<bool> {
+        let stored = self
+            .stored
+            .lock()
+            .map_err(|_| io_err("snapshot lock poisoned"))?;
+        // Equal means the same snapshot (e.g. re-installed at startup).
+        Ok(stored.is_none() || *stored < meta.last_log_id)
+    }
+
     async fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
+        if !self.is_newer(meta)? {
+            return Ok(());
+        }
+        let index = meta.last_log_id.as_ref().map_or(0, |l| l.index);
+        let name = format!("g{}.{index}.snap", self.group_id);
+        let (dir, file, bytes) = (self.dir.clone(), name.clone(), data.to_vec());
+        tokio::task::spawn_blocking(move || write_durably(&dir, &file, &bytes))
+            .await
+            .map_err(|e| io_err(format!("snapshot write task: {e}")))??;
         {
             let mut stored = self
                 .stored
                 .lock()
                 .map_err(|_| io_err("snapshot lock poisoned"))?;
-            // Equal means the same snapshot (e.g. re-installed at startup).
             if stored.is_some() && *stored >= meta.last_log_id {
-                return Ok(());
+                return Ok(()); // a newer one was stored meanwhile
             }
-            // One batch: the meta and the data change together.
+            // One batch: the meta and the file name change together.
             let mut batch = sled::Batch::default();
             batch.insert(KEY_SNAPSHOT_META, encode(meta).map_err(io_err)?);
-            batch.insert(KEY_SNAPSHOT_DATA, data);
+            batch.insert(KEY_SNAPSHOT_FILE, name.as_bytes());
             self.meta_tree.apply_batch(batch).map_err(io_err)?;
             *stored = meta.last_log_id;
         }
-        self.flusher.flush().await
+        self.flusher.flush().await?;
+        let (dir, group_id) = (self.dir.clone(), self.group_id);
+        tokio::task::spawn_blocking(move || remove_snapshot_files(&dir, group_id, Some(&name)))
+            .await
+            .map_err(|e| io_err(format!("snapshot cleanup task: {e}")))?
     }
 
     fn load_meta(&self) -> io::Result<Option<SnapshotMeta>> {
@@ -96,10 +148,51 @@ impl SnapshotStore {
         let Some(meta) = self.load_meta()? else {
             return Ok(None);
         };
-        let data = self.meta_tree.get(KEY_SNAPSHOT_DATA).map_err(io_err)?;
-        let data = data.ok_or_else(|| io_err("snapshot meta without data"))?;
-        Ok(Some((meta, data.to_vec())))
+        let name = self.meta_tree.get(KEY_SNAPSHOT_FILE).map_err(io_err)?;
+        let name = name.ok_or_else(|| io_err("snapshot meta without a file"))?;
+        let path = self.dir.join(String::from_utf8_lossy(&name).as_ref());
+        let data = std::fs::read(&path)
+            .map_err(|e| io_err(format!("snapshot {}: {e}", path.display())))?;
+        Ok(Some((meta, data)))
     }
+}
+
+/// Writes `dir/name` so that it is on disk, whole, when this returns.
+fn write_durably(dir: &Path, name: &str, data: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Removes the group's snapshot files in `dir`, except `keep`.
+pub(crate) fn remove_snapshot_files(
+    dir: &Path,
+    group_id: GroupId,
+    keep: Option<&str>,
+) -> io::Result<()> {
+    let prefix = format!("g{group_id}.");
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && Some(name.as_ref()) != keep {
+            match std::fs::remove_file(dir.join(name.as_ref())) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// openraft's view of a group's state machine.
@@ -115,16 +208,7 @@ impl SmStore {
     /// from the stored snapshot, if any ([`StateMachine::restore_local`]), so
     /// openraft finds it applied up to that snapshot and only replays the log
     /// after it.
-    pub(crate) fn new(
-        sm: SharedStateMachine,
-        meta_tree: sled::Tree,
-        flusher: Flusher,
-    ) -> io::Result<Self> {
-        let snapshots = SnapshotStore {
-            meta_tree,
-            flusher,
-            stored: Arc::new(Mutex::new(None)),
-        };
+    pub(crate) fn new(sm: SharedStateMachine, snapshots: SnapshotStore) -> io::Result<Self> {
         let mut last_applied = None;
         let mut membership = StoredMembership::default();
         if let Some((meta, data)) = snapshots.load()? {

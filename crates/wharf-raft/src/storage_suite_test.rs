@@ -16,6 +16,7 @@ use crate::flusher::Flusher;
 use crate::flusher::FlusherTask;
 use crate::log_store::LogStore;
 use crate::sm_store::SmStore;
+use crate::sm_store::SnapshotStore;
 use crate::types::TypeConfig;
 use crate::StateMachine;
 
@@ -63,7 +64,8 @@ impl StoreBuilder<TypeConfig, LogStore, SmStore, Guard> for SledBuilder {
         let (flusher, task) =
             Flusher::spawn(db.clone(), &dir.path().join("sled")).map_err(storage_err)?;
         let (log, meta) = LogStore::open(&db, 1, flusher.clone(), None).map_err(storage_err)?;
-        let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), meta, flusher)
+        let snapshots = SnapshotStore::new(1, &dir.path().join("snapshots"), meta, flusher);
+        let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), snapshots)
             .map_err(storage_err)?;
         Ok((
             Guard {
