@@ -80,6 +80,7 @@ fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
         committed: m.local_committed.as_ref().map(|l| l.index).unwrap_or(0),
         last_applied: m.last_applied.as_ref().map(|l| l.index).unwrap_or(0),
         voters: m.membership_config.membership().voter_ids().collect(),
+        learners: m.membership_config.membership().learner_ids().collect(),
         leader_changes: 0,
         error,
     }

@@ -404,6 +404,7 @@ mod tests {
             committed: 11,
             last_applied: 10,
             voters: vec![1, 2, 3],
+            learners: vec![],
             leader_changes: 2,
             error: None,
         }
