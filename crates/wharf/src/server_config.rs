@@ -301,6 +301,9 @@ mod tests {
             metrics_listen,
             log_format,
             limits,
+            // Excludes `peers`; documented beside it, exercised by the
+            // membership tests.
+            join: _,
             // Documented in docs/SECURITY.md, exercised by the security_* tests.
             tls: _,
             auth: _,
