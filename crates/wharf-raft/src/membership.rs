@@ -46,19 +46,44 @@ fn from_write_error(e: WriteError) -> RaftError {
 }
 
 impl Group {
-    /// Add `node` at `addr` as a learner and wait (up to `timeout`) until the
-    /// leader reports it caught up. A node that already is a learner or a
-    /// voter is re-added (openraft resets its replication), which is harmless.
+    /// Add `node` at `addr` as a learner and wait (up to `timeout`) until it
+    /// has stored every entry the leader had when it was added. (openraft's
+    /// own "blocking" add only waits until the lag is under its threshold of
+    /// thousands of entries, which an unreachable node meets in a young
+    /// group.) A node that already is a learner or a voter is re-added
+    /// (openraft resets its replication), which is harmless.
     pub async fn add_learner(
         &self,
         node: NodeId,
         addr: &str,
         timeout: Duration,
     ) -> Result<(), RaftError> {
-        let add = self.raft().add_learner(node, BasicNode::new(addr), true);
-        match tokio::time::timeout(timeout, add).await {
-            Err(_) => Err(RaftError::Timeout),
-            Ok(r) => r.map(|_| ()).map_err(from_write_error),
+        let deadline = tokio::time::Instant::now() + timeout;
+        let add = self.raft().add_learner(node, BasicNode::new(addr), false);
+        match tokio::time::timeout_at(deadline, add).await {
+            Err(_) => return Err(RaftError::Timeout),
+            Ok(r) => r.map_err(from_write_error)?,
+        };
+        let mut metrics = self.raft().metrics();
+        let target = metrics.borrow_watched().last_log_index.unwrap_or(0);
+        loop {
+            {
+                let m = metrics.borrow_watched();
+                let Some(replication) = &m.replication else {
+                    return Err(RaftError::NotLeader {
+                        leader: m.current_leader,
+                    });
+                };
+                let matched = replication.get(&node).and_then(|l| l.as_ref());
+                if matched.is_some_and(|l| l.index() >= target) {
+                    return Ok(());
+                }
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Err(_) => return Err(RaftError::Timeout),
+                Ok(Err(_)) => return Err(RaftError::Stopped(format!("group {}", self.id()))),
+                Ok(Ok(())) => {}
+            }
         }
     }
 
