@@ -149,7 +149,12 @@ impl NodeInner {
             let moving = self.catalog().moving_groups();
             let status = self.meta.status();
             let in_meta = status.voters.contains(&id) || status.learners.contains(&id);
-            if (moving.is_empty() && !in_meta) || tokio::time::Instant::now() >= deadline {
+            // Leadership of the meta group moved (e.g. away from the node
+            // being removed): answer now, the caller's next round is
+            // forwarded to the new leader, which sees the final membership.
+            let not_leader = status.role != wharf_raft::Role::Leader;
+            let timed_out = tokio::time::Instant::now() >= deadline;
+            if (moving.is_empty() && !in_meta) || not_leader || timed_out {
                 let done = moving.is_empty() && !in_meta;
                 if done {
                     tracing::info!(id, "node removed from the cluster");

@@ -13,6 +13,8 @@
 //!
 //! Invariants:
 //! - After `RemoveNode`, at least [`MIN_NODES`] nodes remain.
+//! - Node ids are never reused: a removed id cannot be added again (its old
+//!   replicas' data must never meet the group again under the same name).
 //! - At most one removal moves replicas at a time: a removal is refused
 //!   while any group still has a `leaving` node, so a group's Raft change
 //!   always goes from its current voters to a set that shares a majority of
@@ -72,12 +74,16 @@ impl Catalog {
                 "node {id} is already a member of the cluster (at {existing})"
             )));
         }
+        if self.removed_nodes.contains_key(&id) {
+            return Err(ServerError::AlreadyExists(format!(
+                "node id {id} was removed from this cluster; ids are not reused: start the node with a new id and an empty data dir"
+            )));
+        }
         if let Some((other, _)) = self.nodes.iter().find(|(_, a)| **a == addr) {
             return Err(ServerError::AlreadyExists(format!(
                 "address {addr} is already used by node {other}"
             )));
         }
-        self.removed_nodes.remove(&id);
         self.nodes.insert(id, addr);
         Ok(0)
     }
@@ -267,6 +273,11 @@ mod tests {
         // Three nodes are left: no further removal.
         let few = c.apply(MetaCommand::RemoveNode { id: 3 }).unwrap_err();
         assert!(few.to_string().contains("would leave 2 nodes"), "{few}");
+        let again = c.apply(MetaCommand::AddNode {
+            id: 2,
+            addr: "n2:1".into(),
+        });
+        assert!(again.unwrap_err().to_string().contains("ids are not reused"));
         let unknown = c.apply(MetaCommand::RemoveNode { id: 9 }).unwrap_err();
         assert_eq!(
             unknown.to_string(),

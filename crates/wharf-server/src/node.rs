@@ -306,6 +306,11 @@ async fn hand_over_leadership(node: &NodeInner) {
     }
 }
 
+/// How often the reconciler runs without a catalog change.
+const RECONCILE_TICK: Duration = Duration::from_secs(2);
+/// The same while some group's replicas are moving.
+const MOVING_TICK: Duration = Duration::from_millis(200);
+
 async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool>) {
     let mut version = node.meta_version.clone();
     loop {
@@ -315,10 +320,14 @@ async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool
         if let Err(e) = delete_inactive_consumers(&node).await {
             tracing::warn!("inactive consumers: {e}");
         }
+        // Also retry periodically: a group that failed to start gets another
+        // go. While replicas move, more often: a group's new leader picks
+        // up the move on its next pass.
+        let moving = !node.catalog().moving_groups().is_empty();
+        let tick = if moving { MOVING_TICK } else { RECONCILE_TICK };
         tokio::select! {
             _ = version.changed() => {}
-            // Also retry periodically: a group that failed to start gets another go.
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = tokio::time::sleep(tick) => {}
             _ = shutdown.changed() => return,
         }
     }

@@ -396,6 +396,7 @@ async fn peer(client: &Client, cmd: PeerCmd) -> Result<()> {
                 if !json {
                     eprintln!("Moving replicas off node {id}: {}", r.moving.join(", "));
                 }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
