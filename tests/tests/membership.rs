@@ -301,3 +301,35 @@ async fn peer_commands_refuse_bad_requests_clearly() -> anyhow::Result<()> {
     assert_eq!(s.nodes.len(), 3);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_node_can_be_removed_and_its_replicas_replaced() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let client = cluster.client();
+    client.add_stream(stream("ORDERS")).await?;
+    client.add_consumer("ORDERS", consumer("shipping")).await?;
+    for i in 0..20 {
+        client.publish("orders.created", format!("m{i}")).await?;
+    }
+    add_node(&mut cluster)?;
+    cluster.kill(2);
+    let args = ["cluster", "peer", "remove", "2", "--json"];
+    let out = wharf_blocking(cluster.servers(), args.map(String::from).to_vec()).await;
+    let v = json(&out)?;
+    assert_eq!(v["nodes"], serde_json::json!([1, 3, 4]), "{v}");
+    eventually("replicas on 1, 3, 4", Duration::from_secs(30), || async {
+        let s = cluster.status_of(4, Duration::from_secs(2)).await?;
+        let all_moved = s.groups.iter().all(|g| {
+            g.replicas == [1, 3, 4] && (g.local_role.is_empty() || g.voters == [1, 3, 4])
+        });
+        all_moved.then_some(())
+    })
+    .await?;
+    // Nothing was lost: the replacement holds the log, and with node 1 or 3
+    // it forms a majority.
+    let got = drain(&client, "ORDERS", "shipping", 20).await;
+    assert_eq!(got, (0..20).map(|i| format!("m{i}")).collect::<Vec<_>>());
+    let local = cluster.client_of(4).stream_info_local("ORDERS").await;
+    assert_eq!(local?.state.unwrap_or_default().messages, 20);
+    Ok(())
+}
