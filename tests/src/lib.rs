@@ -204,7 +204,12 @@ impl Cluster {
     /// data until `wharf cluster peer add <id> <addr>` adds it. Returns its id.
     pub fn spawn_joining(&mut self) -> Result<u64> {
         let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
-        let dir = self.dir.as_ref().context("cluster dir")?.path().to_path_buf();
+        let dir = self
+            .dir
+            .as_ref()
+            .context("cluster dir")?
+            .path()
+            .to_path_buf();
         self.nodes.push(NodeProc {
             id,
             addr: format!("127.0.0.1:{}", free_port()),

@@ -60,7 +60,11 @@ async fn drain(client: &Client, stream: &str, name: &str, n: usize) -> Vec<Strin
     let mut c = client.consumer(stream, name);
     let mut got = Vec::new();
     while got.len() < n {
-        for m in c.fetch(10, Duration::from_millis(500)).await.expect("fetch") {
+        for m in c
+            .fetch(10, Duration::from_millis(500))
+            .await
+            .expect("fetch")
+        {
             c.ack(m.stream_seq).await.expect("ack");
             got.push(String::from_utf8_lossy(&m.payload).into_owned());
         }
@@ -168,7 +172,9 @@ async fn removing_a_leading_node_under_load_moves_its_replicas() -> anyhow::Resu
                 for m in batch {
                     let id = String::from_utf8_lossy(&m.payload).into_owned();
                     *seen.lock().unwrap().entry(id).or_default() += 1;
-                    c.ack(m.stream_seq).await.expect("ack rides through the move");
+                    c.ack(m.stream_seq)
+                        .await
+                        .expect("ack rides through the move");
                 }
             }
         }));
@@ -220,34 +226,42 @@ async fn removing_a_leading_node_under_load_moves_its_replicas() -> anyhow::Resu
     // Every group: three replicas, none on the removed node, and the Raft
     // voters (as each remaining replica sees them) are exactly those.
     let remaining: Vec<u64> = (1..=4).filter(|n| *n != victim).collect();
-    eventually("groups moved off the node", Duration::from_secs(30), || async {
-        for n in &remaining {
-            let s = cluster.status_of(*n, Duration::from_secs(2)).await?;
-            let ids: Vec<u64> = s.nodes.iter().map(|n| n.id).collect();
-            if ids != remaining {
-                return None;
-            }
-            for g in &s.groups {
-                if g.replicas.len() != 3 || g.replicas.contains(&victim) {
+    eventually(
+        "groups moved off the node",
+        Duration::from_secs(30),
+        || async {
+            for n in &remaining {
+                let s = cluster.status_of(*n, Duration::from_secs(2)).await?;
+                let ids: Vec<u64> = s.nodes.iter().map(|n| n.id).collect();
+                if ids != remaining {
                     return None;
                 }
-                if !g.local_role.is_empty() && g.voters != g.replicas {
-                    return None;
+                for g in &s.groups {
+                    if g.replicas.len() != 3 || g.replicas.contains(&victim) {
+                        return None;
+                    }
+                    if !g.local_role.is_empty() && g.voters != g.replicas {
+                        return None;
+                    }
                 }
             }
-        }
-        Some(())
-    })
+            Some(())
+        },
+    )
     .await?;
     // The removed node stopped every group but its (departed) meta replica.
-    eventually("removed node stopped its groups", Duration::from_secs(30), || async {
-        let s = cluster.status_of(victim, Duration::from_secs(2)).await?;
-        let hosted: Vec<&str> = (s.groups.iter())
-            .filter(|g| g.kind != "meta" && !g.local_role.is_empty())
-            .map(|g| g.name.as_str())
-            .collect();
-        hosted.is_empty().then_some(())
-    })
+    eventually(
+        "removed node stopped its groups",
+        Duration::from_secs(30),
+        || async {
+            let s = cluster.status_of(victim, Duration::from_secs(2)).await?;
+            let hosted: Vec<&str> = (s.groups.iter())
+                .filter(|g| g.kind != "meta" && !g.local_role.is_empty())
+                .map(|g| g.name.as_str())
+                .collect();
+            hosted.is_empty().then_some(())
+        },
+    )
     .await?;
     Ok(())
 }
@@ -291,10 +305,7 @@ async fn peer_commands_refuse_bad_requests_clearly() -> anyhow::Result<()> {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         format!("127.0.0.1:{}", l.local_addr()?.port())
     };
-    fails_with(
-        &["cluster", "peer", "add", "7", &nobody],
-        "node 7 at",
-    );
+    fails_with(&["cluster", "peer", "add", "7", &nobody], "node 7 at");
     let s = cluster.status().await?;
     let meta = s.groups.iter().find(|g| g.name == "meta").expect("meta");
     assert_eq!(meta.replicas, vec![1, 2, 3]);
@@ -319,9 +330,10 @@ async fn a_dead_node_can_be_removed_and_its_replicas_replaced() -> anyhow::Resul
     assert_eq!(v["nodes"], serde_json::json!([1, 3, 4]), "{v}");
     eventually("replicas on 1, 3, 4", Duration::from_secs(30), || async {
         let s = cluster.status_of(4, Duration::from_secs(2)).await?;
-        let all_moved = s.groups.iter().all(|g| {
-            g.replicas == [1, 3, 4] && (g.local_role.is_empty() || g.voters == [1, 3, 4])
-        });
+        let all_moved = s
+            .groups
+            .iter()
+            .all(|g| g.replicas == [1, 3, 4] && (g.local_role.is_empty() || g.voters == [1, 3, 4]));
         all_moved.then_some(())
     })
     .await?;

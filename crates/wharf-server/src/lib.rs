@@ -19,6 +19,7 @@
 //!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
 pub mod auth;
+mod bootstrap;
 mod conn_limit;
 mod consumer_runtime;
 mod consumer_sm;
@@ -32,13 +33,12 @@ mod grpc_metrics;
 mod headers;
 mod health;
 pub mod limits;
+mod membership;
 pub mod meta;
 mod meta_nodes;
 pub mod metrics;
 mod metrics_http;
 pub mod metrics_text;
-mod bootstrap;
-mod membership;
 mod node;
 mod reflection;
 mod replica_mover;

@@ -43,7 +43,11 @@ const JOIN_CATCH_UP: Duration = Duration::from_secs(12);
 pub const REMOVE_WAIT: Duration = Duration::from_secs(12);
 
 impl NodeInner {
-    pub async fn peer_add(&self, req: pb::PeerAddRequest, hops: u32) -> Result<pb::PeerAddResponse> {
+    pub async fn peer_add(
+        &self,
+        req: pb::PeerAddRequest,
+        hops: u32,
+    ) -> Result<pb::PeerAddResponse> {
         check_addr(req.id, &req.addr)?;
         retry(|| async {
             match self.route_meta().await? {
@@ -117,7 +121,7 @@ impl NodeInner {
                 Route::Remote(n) => Ok(self
                     .peers
                     .client(n)?
-                    .peer_remove(onward_admin(req.clone(), hops)?)
+                    .peer_remove(onward_admin(req, hops)?)
                     .await?
                     .into_inner()),
             }
@@ -213,7 +217,9 @@ fn check_addr(id: NodeId, addr: &str) -> Result<()> {
     if id == 0 {
         return Err(ServerError::Invalid("node id must be 1 or more".into()));
     }
-    let port = addr.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+    let port = addr
+        .rsplit_once(':')
+        .map(|(host, port)| (host, port.parse::<u16>()));
     match port {
         Some((host, Ok(p))) if !host.is_empty() && p != 0 => Ok(()),
         _ => Err(ServerError::Invalid(format!(

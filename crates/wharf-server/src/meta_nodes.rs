@@ -156,7 +156,11 @@ impl Catalog {
         for s in self.streams.values_mut().filter(|s| s.group_id == group_id) {
             s.leaving.clear();
         }
-        for c in self.consumers.values_mut().filter(|c| c.group_id == group_id) {
+        for c in self
+            .consumers
+            .values_mut()
+            .filter(|c| c.group_id == group_id)
+        {
             c.leaving.clear();
         }
     }
@@ -277,7 +281,10 @@ mod tests {
             id: 2,
             addr: "n2:1".into(),
         });
-        assert!(again.unwrap_err().to_string().contains("ids are not reused"));
+        assert!(again
+            .unwrap_err()
+            .to_string()
+            .contains("ids are not reused"));
         let unknown = c.apply(MetaCommand::RemoveNode { id: 9 }).unwrap_err();
         assert_eq!(
             unknown.to_string(),

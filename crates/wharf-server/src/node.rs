@@ -384,7 +384,11 @@ async fn delete_inactive_consumers(node: &Arc<NodeInner>) -> Result<()> {
 
 /// The membership a group is initialized with: its `initialize_on` nodes.
 /// A node outside it gets an empty map and waits to be added as a learner.
-fn members(node: &NodeInner, catalog: &Catalog, initialize_on: &[NodeId]) -> BTreeMap<NodeId, String> {
+fn members(
+    node: &NodeInner,
+    catalog: &Catalog,
+    initialize_on: &[NodeId],
+) -> BTreeMap<NodeId, String> {
     initialize_on
         .iter()
         .filter_map(|n| {
@@ -401,9 +405,8 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
     node.peers.learn(&catalog.nodes);
     // A replica stays while this node is a replica or still a Raft voter
     // the group is moving away from.
-    let hosts = |replicas: &[NodeId], leaving: &[NodeId]| {
-        replicas.contains(&me) || leaving.contains(&me)
-    };
+    let hosts =
+        |replicas: &[NodeId], leaving: &[NodeId]| replicas.contains(&me) || leaving.contains(&me);
 
     // Stop what is gone (or was recreated under a new group id, or moved
     // to another node).
@@ -416,9 +419,10 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .streams
             .iter()
             .filter(|(name, s)| {
-                !catalog.streams.get(*name).is_some_and(|e| {
-                    e.group_id == s.group_id && hosts(&e.replicas, &e.leaving)
-                })
+                !catalog
+                    .streams
+                    .get(*name)
+                    .is_some_and(|e| e.group_id == s.group_id && hosts(&e.replicas, &e.leaving))
             })
             .map(|(n, s)| (n.clone(), s.group_id))
             .collect();
@@ -426,9 +430,10 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .consumers
             .iter()
             .filter(|(k, c)| {
-                !catalog.consumers.get(*k).is_some_and(|e| {
-                    e.group_id == c.group_id && hosts(&e.replicas, &e.leaving)
-                })
+                !catalog
+                    .consumers
+                    .get(*k)
+                    .is_some_and(|e| e.group_id == c.group_id && hosts(&e.replicas, &e.leaving))
             })
             .map(|(k, c)| (k.clone(), c.group_id))
             .collect();

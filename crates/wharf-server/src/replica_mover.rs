@@ -100,7 +100,10 @@ pub(crate) fn follow_catalog(node: &Arc<NodeInner>, catalog: &Catalog) {
 }
 
 fn claim(node: &NodeInner, gid: GroupId) -> bool {
-    node.moving.lock().map(|mut m| m.insert(gid)).unwrap_or(false)
+    node.moving
+        .lock()
+        .map(|mut m| m.insert(gid))
+        .unwrap_or(false)
 }
 
 fn release(node: &NodeInner, gid: GroupId) {
@@ -133,18 +136,18 @@ async fn move_group(node: &NodeInner, group: &Group, want: &BTreeSet<NodeId>) ->
     report_move_done(node, group.id()).await
 }
 
-async fn hand_over(
-    group: &Group,
-    me: NodeId,
-    targets: impl Iterator<Item = NodeId>,
-) -> Result<()> {
+async fn hand_over(group: &Group, me: NodeId, targets: impl Iterator<Item = NodeId>) -> Result<()> {
     for to in targets {
         if group.transfer_leader(to).await.is_err() {
             continue;
         }
         let moved = |s: &wharf_raft::GroupStatus| s.leader.is_some_and(|l| l != me);
         if group.wait_for(HANDOVER_WAIT, moved).await.is_ok() {
-            tracing::info!(group = group.id(), to, "leadership handed over before the move");
+            tracing::info!(
+                group = group.id(),
+                to,
+                "leadership handed over before the move"
+            );
             return Ok(());
         }
     }

@@ -68,11 +68,7 @@ pub async fn serve(
             .map(|n| n.peers.known_addrs())
             .unwrap_or_default()
     };
-    tokio::spawn(
-        peer_ips
-            .clone()
-            .refresh_loop(known_addrs, shutdown.clone()),
-    );
+    tokio::spawn(peer_ips.clone().refresh_loop(known_addrs, shutdown.clone()));
     let incoming = crate::conn_limit::incoming(
         listener,
         peer_ips,
@@ -627,7 +623,9 @@ impl Wharf for WharfService {
     ) -> Result<Response<pb::PeerAddResponse>, Status> {
         authorize(&req, Action::admin(CLUSTER_ADMIN))?;
         let hops = hops(&req);
-        Ok(Response::new(self.node.peer_add(req.into_inner(), hops).await?))
+        Ok(Response::new(
+            self.node.peer_add(req.into_inner(), hops).await?,
+        ))
     }
 
     async fn peer_remove(

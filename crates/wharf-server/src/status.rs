@@ -32,7 +32,10 @@ fn group_status(
         replicas,
         last_applied: status.as_ref().map(|s| s.last_applied).unwrap_or(0),
         local_role: local_role.to_string(),
-        voters: status.as_ref().map(|s| s.voters.clone()).unwrap_or_default(),
+        voters: status
+            .as_ref()
+            .map(|s| s.voters.clone())
+            .unwrap_or_default(),
         local_error: status.and_then(|s| s.error).unwrap_or_default(),
     }
 }

@@ -362,9 +362,15 @@ async fn peer(client: &Client, cmd: PeerCmd) -> Result<()> {
         PeerCmd::Add { id, addr, json } => {
             let r = client.peer_add(id, &addr).await?;
             if json {
-                println!("{}", serde_json::json!({"added": id, "nodes": node_ids(&r.nodes)}));
+                println!(
+                    "{}",
+                    serde_json::json!({"added": id, "nodes": node_ids(&r.nodes)})
+                );
             } else {
-                println!("Node {id} at {addr} added; members: {:?}", node_ids(&r.nodes));
+                println!(
+                    "Node {id} at {addr} added; members: {:?}",
+                    node_ids(&r.nodes)
+                );
             }
             Ok(())
         }
