@@ -1,6 +1,6 @@
 //! The meta group's state machine: the cluster catalog.
 //!
-//! Every node is a voter of the meta group (group 0). Its state says which
+//! Every member node is a voter of the meta group (group 0). Its state says which
 //! streams and consumers exist, with what configuration, and which nodes host
 //! each one's Raft group (placement). Each node watches this catalog and starts
 //! or stops its local groups to match (see `reconcile`).
@@ -21,6 +21,10 @@
 //!
 //! Node membership (`AddNode`, `RemoveNode`, `MoveDone`) and re-placement
 //! live in `meta_nodes`.
+//!
+//! Snapshot encoding: the catalog gained `leaving`, `initialize_on` and
+//! `removed_nodes`, so a catalog snapshot written before them does not
+//! decode (snapshots are off by default; log entries decode unchanged).
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,9 @@
 //! A Wharf node: its Raft groups, its catalog view, and the gRPC server.
 //!
-//! `Node::start` opens the node's one sled database, starts the meta group
-//! (every node is a voter), serves the public API and the peer transport on
+//! `Node::start` opens the node's one sled database, finds the cluster's
+//! founding node set (`bootstrap`: from `--peers`, or from a seed when
+//! joining), starts the meta group (empty and waiting to be added when
+//! joining), serves the public API and the peer transport on
 //! one port, and runs the reconciler: whenever the catalog changes, the node
 //! starts the stream and consumer groups placed on it and stops the ones that
 //! were deleted. Restarting from the same data dir reopens every group from
