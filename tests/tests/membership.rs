@@ -345,3 +345,29 @@ async fn a_dead_node_can_be_removed_and_its_replicas_replaced() -> anyhow::Resul
     assert_eq!(local?.state.unwrap_or_default().messages, 20);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_one_replica_stream_moves_off_a_removed_node() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let client = cluster.client();
+    add_node(&mut cluster)?;
+    let single = pb::StreamConfig {
+        replicas: 1,
+        ..stream("SOLO")
+    };
+    // Every node is empty: the lowest id takes it.
+    assert_eq!(replicas(&client.add_stream(single).await?), vec![1]);
+    client.add_consumer("SOLO", consumer("w")).await?;
+    for i in 0..10 {
+        client.publish("solo.x", format!("s{i}")).await?;
+    }
+    let args = ["cluster", "peer", "remove", "1", "--json"];
+    let out = wharf_blocking(cluster.servers(), args.map(String::from).to_vec()).await;
+    assert_eq!(json(&out)?["nodes"], serde_json::json!([2, 3, 4]));
+    let info = client.stream_info("SOLO").await?;
+    assert_eq!(replicas(&info), vec![2]);
+    assert_eq!(info.state.unwrap_or_default().messages, 10);
+    let got = drain(&client, "SOLO", "w", 10).await;
+    assert_eq!(got, (0..10).map(|i| format!("s{i}")).collect::<Vec<_>>());
+    Ok(())
+}

@@ -116,10 +116,14 @@ async fn move_group(node: &NodeInner, group: &Group, want: &BTreeSet<NodeId>) ->
     let me = node.id();
     let status = group.status();
     let voters: BTreeSet<NodeId> = status.voters.iter().copied().collect();
-    if !want.contains(&me) {
+    let staying: Vec<NodeId> = voters.intersection(want).copied().collect();
+    if !want.contains(&me) && !staying.is_empty() {
         // Leadership moves first; the next leader makes the change.
-        return hand_over(group, me, voters.intersection(want).copied()).await;
+        return hand_over(group, me, staying.into_iter()).await;
     }
+    // Here this node stays, or no voter stays (a one-replica group): then
+    // this leader adds its successor and hands the group over by the
+    // membership change itself (it steps down once that commits).
     if voters != *want {
         let catalog = node.catalog();
         for n in want.difference(&voters) {
