@@ -113,6 +113,18 @@ async fn joined_nodes_become_voters_and_take_new_streams_by_load() -> anyhow::Re
     // And the stream from before the joins still delivers everything.
     let old = drain(&client, "ORDERS", "shipping", 10).await;
     assert_eq!(old.len(), 10);
+
+    // A joined node restarts from its data dir as a member (the founding
+    // node set it got from a seed is stored there) with its replicas.
+    cluster.restart(5)?;
+    eventually("node 5 back with NEW1", Duration::from_secs(30), || async {
+        let info = cluster.client_of(5).stream_info_local("NEW1").await.ok()?;
+        let s = cluster.status_of(5, Duration::from_secs(2)).await?;
+        let meta = s.groups.iter().find(|g| g.name == "meta")?;
+        let messages = info.state.unwrap_or_default().messages;
+        (messages == 5 && meta.leader != 0 && meta.voters == [1, 2, 3, 4, 5]).then_some(())
+    })
+    .await?;
     Ok(())
 }
 
