@@ -69,6 +69,8 @@ pub struct Cluster {
     pub client_options: wharf_client::ConnectOptions,
     /// Nodes run with the power-loss shim (see [`powerloss`]).
     simulate_power_loss: bool,
+    /// Nodes started with `--join` (added later with `peer add`).
+    joiners: std::collections::BTreeSet<u64>,
 }
 
 impl Cluster {
@@ -135,6 +137,7 @@ impl Cluster {
             node_args,
             client_options,
             simulate_power_loss,
+            joiners: Default::default(),
         };
         for id in 1..=n {
             cluster.spawn(id)?;
@@ -177,7 +180,18 @@ impl Cluster {
     }
 
     fn spawn(&mut self, id: u64) -> Result<()> {
-        let peers = self.peers.clone();
+        // A joining node asks the other nodes (never itself) for the cluster.
+        let founding = ["--peers".to_string(), self.peers.clone()];
+        let seeds: Vec<String> = (self.nodes.iter())
+            .filter(|n| n.id != id)
+            .map(|n| n.addr.clone())
+            .collect();
+        let joining = ["--join".to_string(), seeds.join(",")];
+        let membership = if self.joiners.contains(&id) {
+            joining
+        } else {
+            founding
+        };
         let mut extra = self.extra_args.clone();
         extra.extend(self.node_args.get(&id).cloned().unwrap_or_default());
         let power_loss = self.simulate_power_loss;
@@ -202,7 +216,7 @@ impl Cluster {
             ])
             .arg("--data")
             .arg(&node.data)
-            .args(["--peers", &peers])
+            .args(&membership)
             .args(["--metrics-listen", &node.metrics_addr])
             .args(&extra)
             .env("WHARF_LOG", "info,openraft=warn")
@@ -214,6 +228,28 @@ impl Cluster {
             .context("spawn wharf server")?;
         node.child = Some(child);
         Ok(())
+    }
+
+    /// Start a new node with `--join` (the other nodes as seeds); it holds no
+    /// data until `wharf cluster peer add <id> <addr>` adds it. Returns its id.
+    pub fn spawn_joining(&mut self) -> Result<u64> {
+        let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let dir = self
+            .dir
+            .as_ref()
+            .context("cluster dir")?
+            .path()
+            .to_path_buf();
+        self.nodes.push(NodeProc {
+            id,
+            addr: format!("127.0.0.1:{}", free_port()),
+            metrics_addr: format!("127.0.0.1:{}", free_port()),
+            data: dir.join(format!("node-{id}")),
+            child: None,
+        });
+        self.joiners.insert(id);
+        self.spawn(id)?;
+        Ok(id)
     }
 
     /// SIGKILL: no chance to flush or hand anything over.
@@ -499,6 +535,7 @@ impl Cluster {
             node_args: Default::default(),
             client_options: Default::default(),
             simulate_power_loss,
+            joiners: Default::default(),
         };
         for id in 1..=ips.len() as u64 {
             cluster.spawn(id)?;

@@ -438,6 +438,27 @@ impl Client {
         .map(|_| ())
     }
 
+    /// Add node `id` (started with `wharf server --join`) at `addr`.
+    pub async fn peer_add(&self, id: u64, addr: &str) -> Result<pb::PeerAddResponse> {
+        let req = pb::PeerAddRequest {
+            id,
+            addr: addr.to_string(),
+        };
+        self.call_admin(|mut c| {
+            let req = req.clone();
+            async move { c.peer_add(req).await }
+        })
+        .await
+    }
+
+    /// One round of removing node `id`: answers within about 12 s with
+    /// `done` or the groups still moving. Repeat until `done`.
+    pub async fn peer_remove(&self, id: u64) -> Result<pb::PeerRemoveResponse> {
+        let req = pb::PeerRemoveRequest { id };
+        self.call_admin(|mut c| async move { c.peer_remove(req).await })
+            .await
+    }
+
     pub async fn cluster_status(&self) -> Result<pb::ClusterStatusResponse> {
         self.call(|mut c| async move { c.cluster_status(pb::ClusterStatusRequest {}).await })
             .await

@@ -41,6 +41,10 @@ pub enum RaftError {
     /// A peer could not be reached.
     #[error("network: {0}")]
     Network(String),
+    /// A membership change was refused for now (another one is in progress,
+    /// a learner is missing); retry once the current change has finished.
+    #[error("membership change: {0}")]
+    Membership(String),
 }
 
 impl From<sled::Error> for RaftError {

@@ -82,6 +82,7 @@ fn status_from(group_id: GroupId, m: &RaftMetrics<TypeConfig>) -> GroupStatus {
         snapshot_index: m.snapshot.as_ref().map(|l| l.index).unwrap_or(0),
         purged_index: m.purged.as_ref().map(|l| l.index).unwrap_or(0),
         voters: m.membership_config.membership().voter_ids().collect(),
+        learners: m.membership_config.membership().learner_ids().collect(),
         leader_changes: 0,
         error,
     }

@@ -14,8 +14,10 @@
 //! - A group's state machine lives in memory and is rebuilt at start from the
 //!   stored snapshot and the committed log.
 //!
-//! Left out: membership changes after creation (add learner / change
-//! membership), pipelined AppendEntries streaming, per-group supervision and
+//! Membership changes (`Group::add_learner`, `Group::set_voters`) are the
+//! caller's to sequence: learner first, voter once caught up.
+//!
+//! Left out: pipelined AppendEntries streaming, per-group supervision and
 //! re-placement after a storage error (the caller sees `Role::Shutdown`).
 
 mod error;
@@ -23,6 +25,7 @@ mod fault;
 mod flusher;
 mod group;
 mod log_store;
+mod membership;
 mod network;
 mod node;
 mod peer_auth;
@@ -159,6 +162,9 @@ pub struct GroupStatus {
     pub purged_index: u64,
     /// Voters of the current membership.
     pub voters: Vec<NodeId>,
+    /// Learners of the current membership (nodes catching up before they
+    /// become voters).
+    pub learners: Vec<NodeId>,
     /// Why the group failed (with [`Role::Failed`]).
     pub error: Option<String>,
     /// How many times this node has seen the group's known leader change

@@ -180,8 +180,9 @@ impl RaftNode {
 
     /// Start (or reopen from disk) a group. `members` maps node id to the
     /// "host:port" of every voter. Idempotent: a running group is returned as
-    /// is. A node that is not in `members` starts uninitialized, waiting to be
-    /// added by the group's leader.
+    /// is. A node that is not in `members` (or given none) starts
+    /// uninitialized, waiting to be added by the group's leader as a learner;
+    /// it must then never be initialized with another membership.
     pub async fn start_group(
         &self,
         group_id: GroupId,
@@ -194,9 +195,6 @@ impl RaftNode {
         }
         if let Some(g) = self.group(group_id) {
             return Ok(g);
-        }
-        if members.is_empty() {
-            return Err(RaftError::Config(format!("group {group_id}: no members")));
         }
         let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
         let (log_store, meta_tree) =

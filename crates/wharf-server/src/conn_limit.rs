@@ -20,7 +20,7 @@
 //! apply), and TLS (with TLS the connect info would be wrapped and must be
 //! unwrapped in [`conn_info`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -120,11 +120,11 @@ impl PeerIps {
     /// an address once seen is kept (a peer may come back on it).
     pub async fn refresh_loop(
         self: Arc<Self>,
-        peers: BTreeMap<u64, String>,
+        peers: impl Fn() -> Vec<String>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
-            for addr in peers.values() {
+            for addr in peers() {
                 if let Ok(found) = tokio::net::lookup_host(addr.as_str()).await {
                     let mut ips = self.ips.write().unwrap_or_else(|p| p.into_inner());
                     ips.extend(found.map(|a| a.ip()));

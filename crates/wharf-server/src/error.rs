@@ -64,6 +64,9 @@ impl From<RaftError> for ServerError {
             RaftError::Network(m) => ServerError::Unavailable(format!("peer unreachable: {m}")),
             RaftError::Storage(m) => ServerError::Internal(format!("storage: {m}")),
             RaftError::Config(m) => ServerError::Internal(format!("raft config: {m}")),
+            RaftError::Membership(m) => {
+                ServerError::Unavailable(format!("membership change refused for now: {m}"))
+            }
         }
     }
 }

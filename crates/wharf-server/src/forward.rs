@@ -25,12 +25,16 @@ pub const MAX_HOPS: u32 = 2;
 pub const ROUTE_DEADLINE: Duration = Duration::from_secs(6);
 
 pub struct Peers {
-    addrs: BTreeMap<NodeId, String>,
+    /// Every node address ever learned (the bootstrap set, then the
+    /// catalog's nodes): a removed node keeps its entry, since it may still
+    /// lead a group for a moment while its replicas move away.
+    addrs: Mutex<BTreeMap<NodeId, String>>,
     bind_ip: Option<std::net::IpAddr>,
     /// Mutual TLS or the cluster secret: the peer then trusts the call as
     /// already authorized here.
     credentials: PeerCredentials,
-    clients: Mutex<HashMap<NodeId, WharfClient<PeerChannel>>>,
+    /// Cached clients, with the address each was made for.
+    clients: Mutex<HashMap<NodeId, (String, WharfClient<PeerChannel>)>>,
 }
 
 impl Peers {
@@ -40,25 +44,55 @@ impl Peers {
         credentials: PeerCredentials,
     ) -> Self {
         Peers {
-            addrs,
+            addrs: Mutex::new(addrs),
             bind_ip,
             credentials,
             clients: Mutex::new(HashMap::new()),
         }
     }
 
+    /// Learn (or update) node addresses, e.g. from the catalog.
+    pub fn learn(&self, nodes: &BTreeMap<NodeId, String>) {
+        if let Ok(mut addrs) = self.addrs.lock() {
+            for (id, addr) in nodes {
+                addrs.insert(*id, addr.clone());
+            }
+        }
+    }
+
+    /// Every address known, for the connection limiter's peer exemption.
+    pub fn known_addrs(&self) -> Vec<String> {
+        self.addrs
+            .lock()
+            .map(|a| a.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn client(&self, node: NodeId) -> Result<WharfClient<PeerChannel>> {
+        let addr = self
+            .addrs
+            .lock()
+            .map_err(|_| ServerError::Internal("poisoned".into()))?
+            .get(&node)
+            .cloned()
+            .ok_or_else(|| ServerError::Internal(format!("no address for node {node}")))?;
         let mut clients = self
             .clients
             .lock()
             .map_err(|_| ServerError::Internal("poisoned".into()))?;
-        if let Some(c) = clients.get(&node) {
-            return Ok(c.clone());
+        if let Some((cached_addr, c)) = clients.get(&node) {
+            if *cached_addr == addr {
+                return Ok(c.clone());
+            }
         }
-        let addr = self
-            .addrs
-            .get(&node)
-            .ok_or_else(|| ServerError::Internal(format!("no address for node {node}")))?;
+        let client = self.client_at(&addr)?;
+        clients.insert(node, (addr, client.clone()));
+        Ok(client)
+    }
+
+    /// A client for `addr` with this node's peer credentials, not cached
+    /// (for seeds and nodes not yet in the cluster).
+    pub fn client_at(&self, addr: &str) -> Result<WharfClient<PeerChannel>> {
         let channel = self
             .credentials
             .endpoint(addr)
@@ -68,11 +102,11 @@ impl Peers {
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();
-        let client = WharfClient::with_interceptor(channel, self.credentials.interceptor())
-            .max_decoding_message_size(64 * 1024 * 1024)
-            .max_encoding_message_size(64 * 1024 * 1024);
-        clients.insert(node, client.clone());
-        Ok(client)
+        Ok(
+            WharfClient::with_interceptor(channel, self.credentials.interceptor())
+                .max_decoding_message_size(64 * 1024 * 1024)
+                .max_encoding_message_size(64 * 1024 * 1024),
+        )
     }
 }
 

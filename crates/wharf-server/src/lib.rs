@@ -4,6 +4,9 @@
 //! - `meta`, `stream_sm`, `consumer_sm`: the three kinds of replicated state machine.
 //! - `stream_writer`, `stream_runtime`, `consumer_runtime`: what a group's
 //!   leader runs (publish batching; config and expiry; sessions, dispatch and acks).
+//! - `bootstrap`, `membership`, `meta_nodes`, `replica_mover`: the cluster's
+//!   node set (`peer add`, `peer remove`, joining) and moving replicas off a
+//!   removed node.
 //! - `stream_admin`: stream edit, purge, get and delete of one message.
 //! - `service`, `routing`, `forward`, `status`: the gRPC front end, and forwarding
 //!   to whichever node leads the group a call needs.
@@ -16,6 +19,7 @@
 //!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
 pub mod auth;
+mod bootstrap;
 mod conn_limit;
 mod consumer_runtime;
 mod consumer_sm;
@@ -29,12 +33,15 @@ mod grpc_metrics;
 mod headers;
 mod health;
 pub mod limits;
+mod membership;
 pub mod meta;
+mod meta_nodes;
 pub mod metrics;
 mod metrics_http;
 pub mod metrics_text;
 mod node;
 mod reflection;
+mod replica_mover;
 pub mod request_check;
 mod routing;
 pub mod security;

@@ -1,6 +1,6 @@
 //! The meta group's state machine: the cluster catalog.
 //!
-//! Every node is a voter of the meta group (group 0). Its state says which
+//! Every member node is a voter of the meta group (group 0). Its state says which
 //! streams and consumers exist, with what configuration, and which nodes host
 //! each one's Raft group (placement). Each node watches this catalog and starts
 //! or stops its local groups to match (see `reconcile`).
@@ -15,8 +15,16 @@
 //! - Every validation happens inside `apply`, so a command that raced another
 //!   one is judged against the state it actually lands on.
 //!
-//! Left out here: membership changes of the node set (nodes come from the
-//! static `--peers` list) and re-placement after a node is removed.
+//! - `nodes` is the placement set: changed only by `AddNode` and
+//!   `RemoveNode` entries (the initial set is the one the cluster was
+//!   bootstrapped with, the same on every node: see `bootstrap`).
+//!
+//! Node membership (`AddNode`, `RemoveNode`, `MoveDone`) and re-placement
+//! live in `meta_nodes`.
+//!
+//! Snapshot encoding: the catalog gained `leaving`, `initialize_on` and
+//! `removed_nodes`, so a catalog snapshot written before them does not
+//! decode (snapshots are off by default; log entries decode unchanged).
 
 use std::collections::BTreeMap;
 
@@ -41,8 +49,17 @@ pub struct StreamEntry {
     /// Bumped by every `UpdateStream`; 0 for the created config.
     pub config_revision: u64,
     pub group_id: GroupId,
+    /// The nodes that host (or are about to host) the group, sorted.
     pub replicas: Vec<NodeId>,
     pub created_ms: i64,
+    /// Nodes still voters of the group's Raft membership while a replica
+    /// moves away from them (`peer remove`); empty once the group's leader
+    /// reported the membership change done (`MoveDone`).
+    pub leaving: Vec<NodeId>,
+    /// The nodes that form the group by calling Raft `initialize` (the
+    /// replicas at creation, minus any node a replica moved away from). A
+    /// replica placed later starts empty and waits to be added as a learner.
+    pub initialize_on: Vec<NodeId>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -53,8 +70,17 @@ pub struct ConsumerEntry {
     /// this one, and later edits arrive as entries of that log.
     pub created_config: ConsumerConfig,
     pub group_id: GroupId,
+    /// The nodes that host (or are about to host) the group, sorted.
     pub replicas: Vec<NodeId>,
     pub created_ms: i64,
+    /// Nodes still voters of the group's Raft membership while a replica
+    /// moves away from them (`peer remove`); empty once the group's leader
+    /// reported the membership change done (`MoveDone`).
+    pub leaving: Vec<NodeId>,
+    /// The nodes that form the group by calling Raft `initialize` (the
+    /// replicas at creation, minus any node a replica moved away from). A
+    /// replica placed later starts empty and waits to be added as a learner.
+    pub initialize_on: Vec<NodeId>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -64,6 +90,9 @@ pub struct Catalog {
     /// Keyed by (stream, consumer).
     pub consumers: BTreeMap<(String, String), ConsumerEntry>,
     pub next_group_id: GroupId,
+    /// Nodes removed by `peer remove`, with their last address: the meta
+    /// leader takes them out of the meta group once no replica is moving.
+    pub removed_nodes: BTreeMap<NodeId, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,6 +129,22 @@ pub enum MetaCommand {
         max_streams: u32,
         max_consumers: u32,
         command: Box<MetaCommand>,
+    },
+    /// A node joined the meta group as a voter (`peer add`): new groups may
+    /// be placed on it.
+    AddNode {
+        id: NodeId,
+        addr: String,
+    },
+    /// `peer remove`: the node leaves the placement set at once, and every
+    /// group with a replica on it gets a replacement (see `meta_nodes`).
+    RemoveNode {
+        id: NodeId,
+    },
+    /// The leader of group `group_id` finished the membership change to the
+    /// catalog's replicas: the nodes it left may drop their replica.
+    MoveDone {
+        group_id: GroupId,
     },
 }
 
@@ -140,6 +185,7 @@ impl Catalog {
     }
 
     /// Nodes with the fewest hosted groups first, ties broken by node id.
+    /// Only live nodes (`nodes`: removed ones are gone from it) are used.
     fn place(&self, replicas: usize) -> Result<Vec<NodeId>> {
         if replicas > self.nodes.len() {
             return Err(ServerError::Invalid(format!(
@@ -147,12 +193,7 @@ impl Catalog {
                 self.nodes.len()
             )));
         }
-        let mut load: BTreeMap<NodeId, usize> = self.nodes.keys().map(|n| (*n, 0)).collect();
-        for s in self.streams.values() {
-            for n in &s.replicas {
-                *load.entry(*n).or_default() += 1;
-            }
-        }
+        let load = self.load();
         let mut nodes: Vec<(usize, NodeId)> = load.into_iter().map(|(n, l)| (l, n)).collect();
         nodes.sort();
         let mut chosen: Vec<NodeId> = nodes.into_iter().take(replicas).map(|(_, n)| n).collect();
@@ -195,6 +236,12 @@ impl Catalog {
             } => {
                 self.check_counts(&command, max_streams, max_consumers)?;
                 self.apply(*command)
+            }
+            MetaCommand::AddNode { id, addr } => self.add_node(id, addr),
+            MetaCommand::RemoveNode { id } => self.remove_node(id),
+            MetaCommand::MoveDone { group_id } => {
+                self.move_done(group_id);
+                Ok(group_id)
             }
         }
     }
@@ -316,6 +363,8 @@ impl Catalog {
                 config_revision: 0,
                 config,
                 group_id,
+                initialize_on: replicas.clone(),
+                leaving: Vec::new(),
                 replicas,
                 created_ms: now_ms,
             },
@@ -366,6 +415,8 @@ impl Catalog {
                 created_config: config.clone(),
                 config,
                 group_id,
+                initialize_on: replicas.clone(),
+                leaving: Vec::new(),
                 replicas,
                 created_ms: now_ms,
             },

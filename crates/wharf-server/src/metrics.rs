@@ -418,6 +418,7 @@ mod tests {
             snapshot_index: 0,
             purged_index: 0,
             voters: vec![1, 2, 3],
+            learners: vec![],
             leader_changes: 2,
             error: None,
         }

@@ -1,14 +1,18 @@
 //! A Wharf node: its Raft groups, its catalog view, and the gRPC server.
 //!
-//! `Node::start` opens the node's one sled database, starts the meta group
-//! (every node is a voter), serves the public API and the peer transport on
+//! `Node::start` opens the node's one sled database, finds the cluster's
+//! founding node set (`bootstrap`: from `--peers`, or from a seed when
+//! joining), starts the meta group (empty and waiting to be added when
+//! joining), serves the public API and the peer transport on
 //! one port, and runs the reconciler: whenever the catalog changes, the node
 //! starts the stream and consumer groups placed on it and stops the ones that
 //! were deleted. Restarting from the same data dir reopens every group from
 //! disk; the catalog replays first, so the same groups come back.
 //!
-//! Left out: node membership changes (the node set is the static peer list),
-//! graceful leadership handover on shutdown, TLS.
+//! A group's replica set can change (`peer remove`): a node that is no
+//! longer a replica keeps its replica while it is still in the group's
+//! `leaving` list (a Raft voter the group is moving away from), and drops it
+//! once the group's leader reported the move done (see `replica_mover`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -34,8 +38,13 @@ pub struct NodeConfig {
     pub node_id: NodeId,
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
-    /// Every node of the cluster, this one included: id -> "host:port".
+    /// The nodes a new cluster is founded with, this one included:
+    /// id -> "host:port". Read on the first start only (see `bootstrap`);
+    /// empty when joining.
     pub peers: BTreeMap<NodeId, String>,
+    /// Seeds ("host:port") of an existing cluster to join instead of
+    /// founding one; the node then waits to be added by `peer add`.
+    pub join: Vec<String>,
     pub raft: RaftSettings,
     /// Where to serve Prometheus `/metrics` over HTTP; `None` serves none.
     pub metrics_listen: Option<SocketAddr>,
@@ -51,6 +60,14 @@ impl NodeConfig {
             return Err(ServerError::Invalid("node id must be 1 or more".into()));
         }
         self.limits.validate()?;
+        if !self.join.is_empty() {
+            if !self.peers.is_empty() {
+                return Err(ServerError::Invalid(
+                    "--join and --peers exclude each other: --peers founds a new cluster, --join joins an existing one".into(),
+                ));
+            }
+            return Ok(());
+        }
         if !self.peers.contains_key(&self.node_id) {
             return Err(ServerError::Invalid(format!(
                 "--peers must include this node ({})",
@@ -95,6 +112,11 @@ pub(crate) struct NodeInner {
     pub meta: Group,
     pub meta_sm: Arc<Mutex<MetaMachine>>,
     pub meta_version: watch::Receiver<u64>,
+    /// The node set the cluster was founded with (see `bootstrap`).
+    pub initial_nodes: BTreeMap<NodeId, String>,
+    /// Groups whose membership change this node is driving right now
+    /// (`replica_mover`), so a reconcile pass does not start a second one.
+    pub moving: Mutex<std::collections::HashSet<GroupId>>,
     pub local: Mutex<Local>,
     pub peers: Peers,
     /// Loaded TLS settings, peer and client guards.
@@ -172,21 +194,28 @@ impl Node {
         let raft = RaftNode::open(config.node_id, &config.data_dir, settings.clone())?;
         raft.set_peer_credentials(security.peer_credentials())?;
 
-        let (meta_machine, meta_version) = MetaMachine::new(config.peers.clone());
+        let peers = Peers::new(
+            config.peers.clone(),
+            settings.bind_ip,
+            security.peer_credentials(),
+        );
+        let initial_nodes = crate::bootstrap::initial_nodes(&raft, &config, &peers).await?;
+        peers.learn(&initial_nodes);
+        let (meta_machine, meta_version) = MetaMachine::new(initial_nodes.clone());
         let meta_sm = Arc::new(Mutex::new(meta_machine));
         let shared: SharedStateMachine = meta_sm.clone();
+        // A joining node is not in the founding set: its meta replica starts
+        // empty and waits for the leader to add it (`peer add`).
         let meta = raft
-            .start_group(META_GROUP, config.peers.clone(), shared)
+            .start_group(META_GROUP, initial_nodes.clone(), shared)
             .await?;
 
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(NodeInner {
             shutdown: shutdown_rx.clone(),
-            peers: Peers::new(
-                config.peers.clone(),
-                settings.bind_ip,
-                security.peer_credentials(),
-            ),
+            peers,
+            initial_nodes,
+            moving: Default::default(),
             security,
             config,
             raft,
@@ -279,6 +308,11 @@ async fn hand_over_leadership(node: &NodeInner) {
     }
 }
 
+/// How often the reconciler runs without a catalog change.
+const RECONCILE_TICK: Duration = Duration::from_secs(2);
+/// The same while some group's replicas are moving.
+const MOVING_TICK: Duration = Duration::from_millis(200);
+
 async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool>) {
     let mut version = node.meta_version.clone();
     loop {
@@ -288,10 +322,14 @@ async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool
         if let Err(e) = delete_inactive_consumers(&node).await {
             tracing::warn!("inactive consumers: {e}");
         }
+        // Also retry periodically: a group that failed to start gets another
+        // go. While replicas move, more often: a group's new leader picks
+        // up the move on its next pass.
+        let moving = !node.catalog().moving_groups().is_empty();
+        let tick = if moving { MOVING_TICK } else { RECONCILE_TICK };
         tokio::select! {
             _ = version.changed() => {}
-            // Also retry periodically: a group that failed to start gets another go.
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = tokio::time::sleep(tick) => {}
             _ = shutdown.changed() => return,
         }
     }
@@ -346,10 +384,19 @@ async fn delete_inactive_consumers(node: &Arc<NodeInner>) -> Result<()> {
     Ok(())
 }
 
-fn members(catalog: &Catalog, replicas: &[NodeId]) -> BTreeMap<NodeId, String> {
-    replicas
+/// The membership a group is initialized with: its `initialize_on` nodes.
+/// A node outside it gets an empty map and waits to be added as a learner.
+fn members(
+    node: &NodeInner,
+    catalog: &Catalog,
+    initialize_on: &[NodeId],
+) -> BTreeMap<NodeId, String> {
+    initialize_on
         .iter()
-        .filter_map(|n| catalog.nodes.get(n).map(|a| (*n, a.clone())))
+        .filter_map(|n| {
+            let addr = catalog.nodes.get(n).or_else(|| node.initial_nodes.get(n));
+            addr.map(|a| (*n, a.clone()))
+        })
         .collect()
 }
 
@@ -357,8 +404,14 @@ fn members(catalog: &Catalog, replicas: &[NodeId]) -> BTreeMap<NodeId, String> {
 async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
     let catalog = node.catalog();
     let me = node.id();
+    node.peers.learn(&catalog.nodes);
+    // A replica stays while this node is a replica or still a Raft voter
+    // the group is moving away from.
+    let hosts =
+        |replicas: &[NodeId], leaving: &[NodeId]| replicas.contains(&me) || leaving.contains(&me);
 
-    // Stop what is gone (or was recreated under a new group id).
+    // Stop what is gone (or was recreated under a new group id, or moved
+    // to another node).
     let (stale_streams, stale_consumers) = {
         let local = node
             .local
@@ -367,13 +420,23 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         let streams: Vec<(String, GroupId)> = local
             .streams
             .iter()
-            .filter(|(name, s)| catalog.streams.get(*name).map(|e| e.group_id) != Some(s.group_id))
+            .filter(|(name, s)| {
+                !catalog
+                    .streams
+                    .get(*name)
+                    .is_some_and(|e| e.group_id == s.group_id && hosts(&e.replicas, &e.leaving))
+            })
             .map(|(n, s)| (n.clone(), s.group_id))
             .collect();
         let consumers: Vec<((String, String), GroupId)> = local
             .consumers
             .iter()
-            .filter(|(k, c)| catalog.consumers.get(*k).map(|e| e.group_id) != Some(c.group_id))
+            .filter(|(k, c)| {
+                !catalog
+                    .consumers
+                    .get(*k)
+                    .is_some_and(|e| e.group_id == c.group_id && hosts(&e.replicas, &e.leaving))
+            })
             .map(|(k, c)| (k.clone(), c.group_id))
             .collect();
         (streams, consumers)
@@ -384,7 +447,10 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .lock()
             .ok()
             .and_then(|mut l| l.consumers.remove(&key));
-        if let Some(consumer) = removed {
+        // A consumer that moved to another node is not deleted: its
+        // sessions end with "reconnect" when its group stops below.
+        let deleted = !catalog.consumers.contains_key(&key);
+        if let Some(consumer) = removed.filter(|_| deleted) {
             let _ = consumer
                 .runtime
                 .send(crate::consumer_runtime::Event::Deleted)
@@ -402,7 +468,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
 
     // Start what is placed here and not running.
     for (name, entry) in &catalog.streams {
-        if !entry.replicas.contains(&me) {
+        if !hosts(&entry.replicas, &entry.leaving) {
             continue;
         }
         if let Some(existing) = node.local_stream(name) {
@@ -422,7 +488,11 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         let shared: SharedStateMachine = sm.clone();
         let group = node
             .raft
-            .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
+            .start_group(
+                entry.group_id,
+                members(node, &catalog, &entry.initialize_on),
+                shared,
+            )
             .await?;
         let writer = StreamWriter::spawn(group.clone());
         let (desired, desired_rx) = watch::channel((entry.config_revision, entry.config.clone()));
@@ -451,7 +521,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         tracing::info!(stream = %name, group = entry.group_id, "stream group started");
     }
     for (key, entry) in &catalog.consumers {
-        if !entry.replicas.contains(&me) {
+        if !hosts(&entry.replicas, &entry.leaving) {
             continue;
         }
         if let Some(existing) = node.local_consumer(&key.0, &key.1) {
@@ -470,7 +540,11 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         let shared: SharedStateMachine = sm.clone();
         let group = node
             .raft
-            .start_group(entry.group_id, members(&catalog, &entry.replicas), shared)
+            .start_group(
+                entry.group_id,
+                members(node, &catalog, &entry.initialize_on),
+                shared,
+            )
             .await?;
         let (desired, desired_rx) = watch::channel(entry.config.clone());
         crate::dead_letter::DeadLetterTask {
@@ -509,6 +583,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             .ok();
         tracing::info!(stream = %key.0, consumer = %key.1, group = entry.group_id, "consumer group started");
     }
+    crate::replica_mover::follow_catalog(node, &catalog);
     Ok(())
 }
 

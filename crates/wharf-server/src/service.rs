@@ -30,6 +30,10 @@ use crate::request_check::{check_add_consumer, check_add_stream, check_consume_o
 use crate::routing::Route;
 use crate::util::now_ms;
 
+/// The admin target of cluster membership calls: no stream is named
+/// `$cluster`, so only a user allowed to administer every stream (`>`) may.
+const CLUSTER_ADMIN: &str = "$cluster";
+
 /// Publishes in flight on one PublishStream call.
 const PUBLISH_WINDOW: usize = 1024;
 
@@ -58,11 +62,13 @@ pub async fn serve(
     let transport =
         InterceptedService::new(node.raft.transport_service(), node.security.peer_guard());
     let peer_ips = Arc::new(crate::conn_limit::PeerIps::default());
-    tokio::spawn(
-        peer_ips
-            .clone()
-            .refresh_loop(node.config.peers.clone(), shutdown.clone()),
-    );
+    let known = Arc::downgrade(&node);
+    let known_addrs = move || {
+        (known.upgrade())
+            .map(|n| n.peers.known_addrs())
+            .unwrap_or_default()
+    };
+    tokio::spawn(peer_ips.clone().refresh_loop(known_addrs, shutdown.clone()));
     let incoming = crate::conn_limit::incoming(
         listener,
         peer_ips,
@@ -609,6 +615,45 @@ impl Wharf for WharfService {
         let msg = req.into_inner();
         let r = retry(|| self.node.step_down(msg.clone(), hops)).await?;
         Ok(Response::new(r))
+    }
+
+    async fn peer_add(
+        &self,
+        req: Request<pb::PeerAddRequest>,
+    ) -> Result<Response<pb::PeerAddResponse>, Status> {
+        authorize(&req, Action::admin(CLUSTER_ADMIN))?;
+        let hops = hops(&req);
+        Ok(Response::new(
+            self.node.peer_add(req.into_inner(), hops).await?,
+        ))
+    }
+
+    async fn peer_remove(
+        &self,
+        req: Request<pb::PeerRemoveRequest>,
+    ) -> Result<Response<pb::PeerRemoveResponse>, Status> {
+        authorize(&req, Action::admin(CLUSTER_ADMIN))?;
+        let hops = hops(&req);
+        let r = self.node.peer_remove(req.into_inner(), hops).await?;
+        Ok(Response::new(r))
+    }
+
+    async fn join_info(
+        &self,
+        req: Request<pb::JoinInfoRequest>,
+    ) -> Result<Response<pb::JoinInfoResponse>, Status> {
+        authorize(&req, Action::admin(CLUSTER_ADMIN))?;
+        Ok(Response::new(self.node.join_info()))
+    }
+
+    async fn move_done(
+        &self,
+        req: Request<pb::MoveDoneRequest>,
+    ) -> Result<Response<pb::MoveDoneResponse>, Status> {
+        authorize(&req, Action::admin(CLUSTER_ADMIN))?;
+        let hops = hops(&req);
+        self.node.move_done(req.into_inner(), hops).await?;
+        Ok(Response::new(pb::MoveDoneResponse {}))
     }
 
     async fn cluster_status(

@@ -1,7 +1,8 @@
 //! `ClusterStatus`: the nodes, which answer, and every group with its leader.
 //!
 //! Answered from this node's view: groups it hosts report their live Raft
-//! status; groups placed elsewhere report only their placement.
+//! status; groups placed elsewhere report only their placement. Nodes are
+//! the catalog's members; the meta group's replicas are its Raft voters.
 
 use std::time::Duration;
 
@@ -31,6 +32,10 @@ fn group_status(
         replicas,
         last_applied: status.as_ref().map(|s| s.last_applied).unwrap_or(0),
         local_role: local_role.to_string(),
+        voters: status
+            .as_ref()
+            .map(|s| s.voters.clone())
+            .unwrap_or_default(),
         local_error: status.and_then(|s| s.error).unwrap_or_default(),
     }
 }
@@ -50,7 +55,7 @@ pub fn role_name(role: &Role) -> &'static str {
 pub async fn cluster_status(node: &NodeInner) -> pb::ClusterStatusResponse {
     let catalog = node.catalog();
     let mut nodes = Vec::new();
-    for (id, addr) in &node.config.peers {
+    for (id, addr) in &catalog.nodes {
         let up = *id == node.id() || node.raft.ping(addr, PING_TIMEOUT).await;
         nodes.push(pb::NodeStatus {
             id: *id,
@@ -63,7 +68,7 @@ pub async fn cluster_status(node: &NodeInner) -> pb::ClusterStatusResponse {
         META_GROUP,
         "meta",
         "meta".into(),
-        node.config.peers.keys().copied().collect(),
+        node.meta.status().voters,
     )];
     for (name, s) in &catalog.streams {
         let g = node.raft.group(s.group_id);

@@ -81,6 +81,11 @@ pub struct ServerArgs {
     /// yet; they are looked up again on every reconnect.
     #[arg(long, env = "WHARF_PEERS")]
     pub peers: Option<String>,
+    /// Join an existing cluster instead of founding one: members to ask,
+    /// host:port,... The node then waits until `wharf cluster peer add <id>
+    /// <addr>` adds it (see docs/CONFIG.md). Excludes --peers.
+    #[arg(long, env = "WHARF_JOIN")]
+    pub join: Option<String>,
     /// Raft heartbeat interval of every group [default: 150].
     #[arg(long, env = "WHARF_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
@@ -488,6 +493,33 @@ pub struct NextArgs {
 pub enum ClusterCmd {
     /// Nodes, which are up, and every group with its leader and term.
     Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add or remove cluster nodes.
+    #[command(subcommand)]
+    Peer(PeerCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PeerCmd {
+    /// Add a node started with `wharf server --join`: it joins the meta group
+    /// (learner, then voter once caught up) and new streams may be placed on it.
+    Add {
+        /// The new node's id (its --node-id).
+        id: u64,
+        /// The address the other nodes reach it on (host:port).
+        addr: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move every replica off a node (each group keeps a majority throughout),
+    /// then remove it from the meta group. Waits until done.
+    Remove {
+        id: u64,
+        /// Give up waiting after this long (the move goes on in the cluster).
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
         #[arg(long)]
         json: bool,
     },

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use wharf_client::{proto as pb, Client};
 
-use crate::cli::{ClusterCmd, Command, ConsumerCmd, NextArgs, StreamCmd};
+use crate::cli::{ClusterCmd, Command, ConsumerCmd, NextArgs, PeerCmd, StreamCmd};
 use crate::format;
 
 pub async fn run(
@@ -51,6 +51,7 @@ pub async fn run(
             }
             Ok(())
         }
+        Command::Cluster(ClusterCmd::Peer(cmd)) => peer(&client, cmd).await,
         Command::Server(_)
         | Command::Dev(_)
         | Command::Bench(_)
@@ -354,4 +355,59 @@ async fn next(client: &Client, args: NextArgs) -> Result<()> {
     }
     consumer.close();
     Ok(())
+}
+
+async fn peer(client: &Client, cmd: PeerCmd) -> Result<()> {
+    match cmd {
+        PeerCmd::Add { id, addr, json } => {
+            let r = client.peer_add(id, &addr).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"added": id, "nodes": node_ids(&r.nodes)})
+                );
+            } else {
+                println!(
+                    "Node {id} at {addr} added; members: {:?}",
+                    node_ids(&r.nodes)
+                );
+            }
+            Ok(())
+        }
+        PeerCmd::Remove { id, timeout, json } => {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut moved = None;
+            loop {
+                let r = client.peer_remove(id).await?;
+                // The first round reports how many groups it re-placed.
+                let moved = *moved.get_or_insert(r.moved_groups);
+                if r.done {
+                    if json {
+                        let v = serde_json::json!({"removed": id, "moved_groups": moved, "nodes": node_ids(&r.nodes)});
+                        println!("{v}");
+                    } else {
+                        println!(
+                            "Node {id} removed ({moved} groups re-placed); members: {:?}",
+                            node_ids(&r.nodes)
+                        );
+                    }
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    bail!(
+                        "node {id} is still being removed after {timeout:?}; groups still moving: {} (the move goes on; run the command again to keep waiting)",
+                        r.moving.join(", ")
+                    );
+                }
+                if !json {
+                    eprintln!("Moving replicas off node {id}: {}", r.moving.join(", "));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+fn node_ids(nodes: &[pb::NodeStatus]) -> Vec<u64> {
+    nodes.iter().map(|n| n.id).collect()
 }

@@ -74,6 +74,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             listen: addr.parse()?,
             data_dir: args.data.join(format!("node-{id}")),
             peers: peers.clone(),
+            join: Vec::new(),
             raft: settings(&args.raft),
             metrics_listen: None,
             limits: Default::default(),

@@ -21,6 +21,8 @@ pub struct FileConfig {
     listen: Option<String>,
     data: Option<PathBuf>,
     peers: Option<PeersSetting>,
+    /// Seeds of an existing cluster to join: "host:port,..." .
+    join: Option<String>,
     heartbeat_ms: Option<u64>,
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
@@ -184,8 +186,28 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
             }
             peers
         }
-        (None, None) => bail!("--peers is required"),
+        (None, None) => BTreeMap::new(),
     };
+    let join: Vec<String> = args
+        .join
+        .or(file.join)
+        .map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    match (peers.is_empty(), join.is_empty()) {
+        (true, true) => bail!(
+            "--peers (found a new cluster) or --join (join an existing one) is required"
+        ),
+        (false, false) => bail!(
+            "--peers and --join exclude each other: --peers founds a new cluster, --join joins an existing one"
+        ),
+        _ => {}
+    }
     let metrics_listen = match args.metrics_listen.or(file.metrics_listen) {
         Some(s) if !s.is_empty() => Some(
             s.parse()
@@ -219,6 +241,7 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
         listen,
         data_dir: data,
         peers,
+        join,
         raft,
         metrics_listen,
         limits: crate::limits_config::resolve(&args.limits, file.limits),
@@ -285,6 +308,9 @@ mod tests {
             metrics_listen,
             log_format,
             limits,
+            // Excludes `peers`; documented beside it, exercised by the
+            // membership tests.
+            join: _,
             // Documented in docs/SECURITY.md, exercised by the security_* tests.
             tls: _,
             auth: _,
@@ -304,6 +330,7 @@ mod tests {
             listen: None,
             data: None,
             peers: None,
+            join: None,
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
@@ -338,6 +365,7 @@ mod tests {
             listen: Some("127.0.0.1:1".into()),
             data: Some("/d".into()),
             peers: Some("1=a:1".into()),
+            join: None,
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
@@ -379,6 +407,7 @@ mod tests {
             listen: Some("127.0.0.1:9".into()),
             data: None,
             peers: None,
+            join: None,
             heartbeat_ms: None,
             election_min_ms: None,
             election_max_ms: None,
