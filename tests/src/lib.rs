@@ -64,6 +64,9 @@ pub struct Cluster {
     paused: std::collections::BTreeSet<u64>,
     /// Arguments for one node only (e.g. its own `--config`).
     pub node_args: std::collections::BTreeMap<u64, Vec<String>>,
+    /// Environment variables for one node only, applied at its next start
+    /// (e.g. a fault hook such as `WHARF_FAULT_SLOW_APPEND_MS`).
+    pub node_env: std::collections::BTreeMap<u64, Vec<(String, String)>>,
     /// TLS and credentials of every client the harness makes.
     pub client_options: wharf_client::ConnectOptions,
 }
@@ -111,6 +114,7 @@ impl Cluster {
             extra_args,
             paused: Default::default(),
             node_args,
+            node_env: Default::default(),
             client_options,
         };
         for id in 1..=n {
@@ -157,6 +161,7 @@ impl Cluster {
         let peers = self.peers.clone();
         let mut extra = self.extra_args.clone();
         extra.extend(self.node_args.get(&id).cloned().unwrap_or_default());
+        let env = self.node_env.get(&id).cloned().unwrap_or_default();
         let node = self.node_mut(id);
         std::fs::create_dir_all(&node.data)?;
         let log = std::fs::OpenOptions::new()
@@ -177,6 +182,7 @@ impl Cluster {
             .args(["--metrics-listen", &node.metrics_addr])
             .args(&extra)
             .env("WHARF_LOG", "info,openraft=warn")
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -410,6 +416,7 @@ impl Cluster {
             extra_args: Vec::new(),
             paused: Default::default(),
             node_args: Default::default(),
+            node_env: Default::default(),
             client_options: Default::default(),
         };
         for id in 1..=ips.len() as u64 {

@@ -8,11 +8,19 @@
 //! keep-alive gives up (5 s + 5 s). Found by `chaos --seed 7`: every publisher
 //! stalled for the whole 5.8 s pause of node 2, and the first publishes
 //! after it resumed completed at the instant of SIGCONT.
+//!
+//! `slow_follower_catches_up_while_another_node_is_down` (bug 3): a follower
+//! that is slow to make appends durable must still catch up when it is the
+//! only other node left. AppendEntries calls used to get a deadline of 3/4
+//! of the heartbeat (112 ms); a follower answers only after its append is
+//! flushed, so while new entries kept arriving every call timed out and the
+//! follower never caught up (a 20.5 s stall in the 30-minute chaos run).
+//! The slowness is injected with `WHARF_FAULT_SLOW_APPEND_MS` on node 2 only.
 
 use std::time::{Duration, Instant};
 
 use wharf_client::{proto as pb, Client};
-use wharf_tests::Cluster;
+use wharf_tests::{eventually, Cluster};
 
 /// Long enough that only a re-route (not keep-alive, not the resume) can
 /// finish the publish in time.
@@ -93,4 +101,119 @@ async fn paused_leader_does_not_stall_a_client_that_has_other_seeds() -> anyhow:
     );
     let client = Client::new(&seeds.join(","))?.with_retry_for(Duration::from_secs(30));
     publish_with_leader_paused(&mut cluster, leader, client).await
+}
+
+/// Well above the old AppendEntries deadline (112 ms), well below the
+/// current minimum (1 s).
+const SLOW_APPEND_MS: u64 = 400;
+/// Messages node 2 misses while it is down: more than one AppendEntries
+/// batch (openraft sends at most 300 entries per call).
+const MISSED: usize = 600;
+/// Open-loop publishing while node 2 catches up: one publish every
+/// `LOAD_EVERY` for `LOAD_FOR`, so new entries keep reaching the leader
+/// (as in the chaos run) and each AppendEntries to node 2 carries some.
+const LOAD_EVERY: Duration = Duration::from_millis(50);
+const LOAD_FOR: Duration = Duration::from_secs(15);
+/// From node 2's start (process start, elections, catching up ~2 batches
+/// and the load at 400 ms per append) to the first acknowledged publish.
+const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_follower_catches_up_while_another_node_is_down() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    cluster
+        .client()
+        .add_stream(pb::StreamConfig {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            replicas: 3,
+            ..Default::default()
+        })
+        .await?;
+    cluster
+        .wait_group_leader("ORDERS", Duration::from_secs(20))
+        .await?;
+
+    // Node 2 misses a catch-up batch; nodes 1 and 3 commit it.
+    cluster.kill(2);
+    let on_1_and_3 = Client::connect(
+        &format!("{},{}", cluster.node(1).addr, cluster.node(3).addr),
+        &cluster.client_options,
+    )?;
+    for i in 0..MISSED {
+        on_1_and_3
+            .publish_with_id("orders.created", "missed", &format!("missed-{i}"))
+            .await?;
+    }
+
+    // Node 3 goes down: node 1 needs node 2 for every majority. Node 2
+    // comes back with every append made durable SLOW_APPEND_MS late.
+    cluster.kill(3);
+    cluster.node_env.insert(
+        2,
+        vec![(
+            "WHARF_FAULT_SLOW_APPEND_MS".to_string(),
+            SLOW_APPEND_MS.to_string(),
+        )],
+    );
+    cluster.start_node(2)?;
+    let started = Instant::now();
+
+    let on_1_and_2 = Client::connect(
+        &format!("{},{}", cluster.node(1).addr, cluster.node(2).addr),
+        &cluster.client_options,
+    )?
+    .with_retry_for(Duration::from_secs(60));
+    let mut publishes = Vec::new();
+    let mut tick = tokio::time::interval(LOAD_EVERY);
+    let mut i = 0;
+    while started.elapsed() < LOAD_FOR {
+        tick.tick().await;
+        let client = on_1_and_2.clone();
+        let id = format!("slow-{i}");
+        publishes.push(tokio::spawn(async move {
+            let r = client.publish_with_id("orders.created", "during", &id).await;
+            (r, started.elapsed())
+        }));
+        i += 1;
+    }
+    let mut first_ack: Option<Duration> = None;
+    let mut last_seq = 0;
+    for p in publishes {
+        let (r, at) = p.await?;
+        let ack = r.map_err(|e| anyhow::anyhow!("publish failed at {at:?}: {e}"))?;
+        first_ack = Some(first_ack.map_or(at, |f| f.min(at)));
+        last_seq = last_seq.max(ack.seq);
+    }
+    let first_ack = first_ack.expect("at least one publish");
+    eprintln!(
+        "{i} publishes during catch-up; first acknowledged {first_ack:?} after node 2 started, \
+         all by {:?}",
+        started.elapsed()
+    );
+    assert!(
+        first_ack < CATCH_UP_BOUND,
+        "first publish acknowledged {first_ack:?} after node 2 (slow appends) started, \
+         bound {CATCH_UP_BOUND:?}; node 3 down"
+    );
+
+    // Every message, the missed batch included, is on nodes 1 and 2.
+    let expected = (MISSED + i) as u64;
+    for node in [1, 2] {
+        let local = cluster
+            .client_of(node)
+            .with_retry_for(Duration::from_secs(2));
+        let state = eventually(
+            &format!("node {node} to hold {expected} messages up to seq {last_seq}"),
+            Duration::from_secs(20),
+            || async {
+                let info = local.stream_info_local("ORDERS").await.ok()?;
+                let state = info.state.unwrap_or_default();
+                (state.messages == expected && state.last_seq >= last_seq).then_some(state)
+            },
+        )
+        .await?;
+        assert_eq!(state.messages, expected, "node {node}");
+    }
+    Ok(())
 }

@@ -188,8 +188,9 @@ impl RaftNode {
             return Err(RaftError::Config(format!("group {group_id}: no members")));
         }
         let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
+        let slow = crate::fault::slow_append_from_env();
         let (log_store, meta_tree) =
-            LogStore::open(&self.db, group_id, self.flusher.clone(), fault)?;
+            LogStore::open(&self.db, group_id, self.flusher.clone(), fault, slow)?;
         let sm_store = SmStore::new(sm.clone(), meta_tree, self.flusher.clone())
             .map_err(|e| RaftError::Storage(e.to_string()))?;
         let network = NetworkFactory {
