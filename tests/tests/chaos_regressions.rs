@@ -10,12 +10,12 @@
 //! after it resumed completed at the instant of SIGCONT.
 //!
 //! `slow_follower_catches_up_while_another_node_is_down` (bug 3): a follower
-//! that is slow to make appends durable must still catch up when it is the
+//! that is slow to answer AppendEntries must still catch up when it is the
 //! only other node left. AppendEntries calls used to get a deadline of 3/4
-//! of the heartbeat (112 ms); a follower answers only after its append is
-//! flushed, so while new entries kept arriving every call timed out and the
-//! follower never caught up (a 20.5 s stall in the 30-minute chaos run).
-//! The slowness is injected with `WHARF_FAULT_SLOW_APPEND_MS` on node 2 only.
+//! of the heartbeat (112 ms); when every call carrying entries took longer
+//! than that, every one timed out, retries included, and the follower never
+//! caught up (a 20.5 s stall in the 30-minute chaos run). The slowness is
+//! injected with `WHARF_FAULT_SLOW_APPEND_MS` on node 2 only.
 
 use std::time::{Duration, Instant};
 
@@ -103,8 +103,9 @@ async fn paused_leader_does_not_stall_a_client_that_has_other_seeds() -> anyhow:
     publish_with_leader_paused(&mut cluster, leader, client).await
 }
 
-/// Well above the old AppendEntries deadline (112 ms), well below the
-/// current minimum (1 s).
+/// How late node 2 answers each AppendEntries carrying entries: well above
+/// the old AppendEntries deadline (112 ms), well below the current minimum
+/// (1 s).
 const SLOW_APPEND_MS: u64 = 400;
 /// Messages node 2 misses while it is down: more than one AppendEntries
 /// batch (openraft sends at most 300 entries per call).
@@ -114,9 +115,11 @@ const MISSED: usize = 600;
 /// (as in the chaos run) and each AppendEntries to node 2 carries some.
 const LOAD_EVERY: Duration = Duration::from_millis(50);
 const LOAD_FOR: Duration = Duration::from_secs(15);
-/// From node 2's start (process start, elections, catching up ~2 batches
-/// and the load at 400 ms per append) to the first acknowledged publish.
-const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
+/// From node 2's start (process start, elections, catching up 2 batches
+/// at 400 ms per call) to the first acknowledged publish: 2-6 s measured on
+/// the 2-core development machine; with the old deadline none is
+/// acknowledged at all (30 s retries).
+const CATCH_UP_BOUND: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_follower_catches_up_while_another_node_is_down() -> anyhow::Result<()> {
@@ -147,7 +150,7 @@ async fn slow_follower_catches_up_while_another_node_is_down() -> anyhow::Result
     }
 
     // Node 3 goes down: node 1 needs node 2 for every majority. Node 2
-    // comes back with every append made durable SLOW_APPEND_MS late.
+    // comes back answering AppendEntries SLOW_APPEND_MS late.
     cluster.kill(3);
     cluster.node_env.insert(
         2,
@@ -163,7 +166,7 @@ async fn slow_follower_catches_up_while_another_node_is_down() -> anyhow::Result
         &format!("{},{}", cluster.node(1).addr, cluster.node(2).addr),
         &cluster.client_options,
     )?
-    .with_retry_for(Duration::from_secs(60));
+    .with_retry_for(Duration::from_secs(30));
     let mut publishes = Vec::new();
     let mut tick = tokio::time::interval(LOAD_EVERY);
     let mut i = 0;
@@ -172,30 +175,40 @@ async fn slow_follower_catches_up_while_another_node_is_down() -> anyhow::Result
         let client = on_1_and_2.clone();
         let id = format!("slow-{i}");
         publishes.push(tokio::spawn(async move {
-            let r = client.publish_with_id("orders.created", "during", &id).await;
+            let r = client
+                .publish_with_id("orders.created", "during", &id)
+                .await;
             (r, started.elapsed())
         }));
         i += 1;
     }
-    let mut first_ack: Option<Duration> = None;
+    let mut acked_at = Vec::new();
+    let mut failed = Vec::new();
     let mut last_seq = 0;
     for p in publishes {
-        let (r, at) = p.await?;
-        let ack = r.map_err(|e| anyhow::anyhow!("publish failed at {at:?}: {e}"))?;
-        first_ack = Some(first_ack.map_or(at, |f| f.min(at)));
-        last_seq = last_seq.max(ack.seq);
+        match p.await? {
+            (Ok(ack), at) => {
+                acked_at.push(at);
+                last_seq = last_seq.max(ack.seq);
+            }
+            (Err(e), at) => failed.push(format!("at {at:?}: {e}")),
+        }
     }
-    let first_ack = first_ack.expect("at least one publish");
+    let first_ack = acked_at.iter().min().copied();
     eprintln!(
-        "{i} publishes during catch-up; first acknowledged {first_ack:?} after node 2 started, \
-         all by {:?}",
-        started.elapsed()
+        "{i} publishes while node 2 caught up; {} acknowledged, the first {first_ack:?} \
+         after node 2 started; {} failed",
+        acked_at.len(),
+        failed.len()
     );
     assert!(
-        first_ack < CATCH_UP_BOUND,
-        "first publish acknowledged {first_ack:?} after node 2 (slow appends) started, \
-         bound {CATCH_UP_BOUND:?}; node 3 down"
+        first_ack.is_some_and(|t| t < CATCH_UP_BOUND),
+        "no publish acknowledged within {CATCH_UP_BOUND:?} of node 2 (slow) starting, \
+         node 3 down: first ack {first_ack:?}, {} of {i} failed (first: {:?})",
+        failed.len(),
+        failed.first()
     );
+    assert!(failed.is_empty(), "publishes failed: {failed:?}");
 
     // Every message, the missed batch included, is on nodes 1 and 2.
     let expected = (MISSED + i) as u64;

@@ -1,4 +1,4 @@
-//! Storage faults injected on purpose, for tests (never set in production).
+//! Faults injected on purpose, for tests (never set them in production).
 //!
 //! `WHARF_FAULT_FAIL_GROUP=<node>:<group>:<after>` makes node `<node>`'s log
 //! store of group `<group>` fail every append from its `<after>`-th append
@@ -7,28 +7,24 @@
 //! its Raft core stops, the group reports [`crate::Role::Failed`], and every
 //! other group of the node goes on.
 //!
-//! `WHARF_FAULT_SLOW_APPEND_MS=<ms>` makes every log append of every group
-//! of the process that has it in its environment report "flushed" `<ms>`
-//! late, as a slow or overloaded disk would; a follower then answers each
-//! AppendEntries that carries entries at least `<ms>` after it arrived. Set
+//! `WHARF_FAULT_SLOW_APPEND_MS=<ms>` makes the process that has it in its
+//! environment a slow follower: it answers every AppendEntries that carries
+//! entries (for any group) no sooner than `<ms>` after the call arrived. The
+//! entries are appended and flushed as usual; only the answer, the leader's
+//! evidence that they are durable here, is late, and it is late on every
+//! attempt, also when an earlier attempt already wrote the same entries (a
+//! follower starved of CPU or disk, or receiving large batches, is slow on
+//! each call). Heartbeats (no entries) and votes are answered at once. Set
 //! it on one server process only (the test harness has per-node
-//! environments). Votes and other flushes are not delayed.
+//! environments, `Cluster::node_env`).
 //!
-//! Left out: read faults, torn writes, slow votes (see the chaos harness for
-//! process-level faults).
+//! Left out: read faults, torn writes, a slow fsync of the node's own
+//! appends as a leader (see the chaos harness for process-level faults).
 
-use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::storage::IOFlushed;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-use crate::flusher::Flusher;
-use crate::types::io_err;
-use crate::types::TypeConfig;
 use crate::{GroupId, NodeId};
 
 /// The environment variable read once when a group's log store opens.
@@ -68,60 +64,20 @@ impl AppendFault {
     }
 }
 
-/// The environment variable of the slow-append fault, read once per group
-/// when its log store opens.
+/// The environment variable of the slow-follower fault, read once when the
+/// node opens.
 pub const SLOW_APPEND_ENV: &str = "WHARF_FAULT_SLOW_APPEND_MS";
 
-/// The delay configured by [`SLOW_APPEND_ENV`], if any (0 or garbage: none).
+/// The answer delay configured by [`SLOW_APPEND_ENV`], if any (unset, 0 or
+/// not a number: none).
 pub(crate) fn slow_append_from_env() -> Option<Duration> {
     let ms: u64 = std::env::var(SLOW_APPEND_ENV).ok()?.trim().parse().ok()?;
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
-/// Holds every log append's flush callback back by a fixed delay before it
-/// goes to the group-commit flusher, as a disk that takes that long to make
-/// a write durable would. The Raft core is not blocked (it goes on sending
-/// heartbeats and answering votes); only the "appended and flushed"
-/// notification, and therefore a follower's AppendEntries answer, is late.
-///
-/// One task per group, FIFO, so callbacks still complete in append order.
-#[derive(Clone)]
-pub(crate) struct SlowAppend {
-    tx: mpsc::Sender<(Instant, IOFlushed<TypeConfig>)>,
-    delay: Duration,
-}
-
-/// Appends held back at once per group; the appender waits beyond that.
-const SLOW_APPEND_QUEUE: usize = 1024;
-
-impl SlowAppend {
-    /// Starts the delaying task of `group` on the current tokio runtime.
-    pub(crate) fn spawn(group: GroupId, delay: Duration, flusher: Flusher) -> SlowAppend {
-        tracing::warn!(
-            group,
-            delay_ms = delay.as_millis() as u64,
-            "slow-append fault armed for this group ({SLOW_APPEND_ENV})"
-        );
-        let (tx, mut rx) = mpsc::channel::<(Instant, IOFlushed<TypeConfig>)>(SLOW_APPEND_QUEUE);
-        tokio::spawn(async move {
-            while let Some((due, callback)) = rx.recv().await {
-                tokio::time::sleep_until(due).await;
-                // On error the flusher has already failed the callback.
-                let _ = flusher.submit_log(callback).await;
-            }
-        });
-        SlowAppend { tx, delay }
+    if ms == 0 {
+        return None;
     }
-
-    /// Hands `callback` to the flusher `delay` from now.
-    pub(crate) async fn submit(&self, callback: IOFlushed<TypeConfig>) -> io::Result<()> {
-        let due = Instant::now() + self.delay;
-        match self.tx.send((due, callback)).await {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::SendError((_, callback))) => {
-                callback.io_completed(Err(io_err("slow-append task stopped")));
-                Err(io_err("slow-append task stopped"))
-            }
-        }
-    }
+    tracing::warn!(
+        delay_ms = ms,
+        "slow-follower fault armed: AppendEntries with entries are answered late ({SLOW_APPEND_ENV})"
+    );
+    Some(Duration::from_millis(ms))
 }

@@ -31,7 +31,6 @@ use openraft::OptionalSend;
 use openraft::RaftLogReader;
 
 use crate::fault::AppendFault;
-use crate::fault::SlowAppend;
 use crate::flusher::Flusher;
 use crate::types::decode;
 use crate::types::encode;
@@ -59,31 +58,25 @@ pub(crate) struct LogStore {
     flusher: Flusher,
     /// An injected storage fault (tests only; see `fault`).
     fault: Option<AppendFault>,
-    /// Injected append latency (tests only; see `fault`).
-    slow: Option<SlowAppend>,
 }
 
 impl LogStore {
-    /// Opens (or creates) the trees of `group_id` in `db`. Must run inside
-    /// a tokio runtime when `slow` is set (it starts the delaying task).
+    /// Opens (or creates) the trees of `group_id` in `db`.
     pub(crate) fn open(
         db: &sled::Db,
         group_id: GroupId,
         flusher: Flusher,
         fault: Option<AppendFault>,
-        slow: Option<std::time::Duration>,
     ) -> sled::Result<(Self, sled::Tree)> {
         let (log_name, meta_name) = tree_names(group_id);
         let log = db.open_tree(log_name)?;
         let meta = db.open_tree(meta_name)?;
-        let slow = slow.map(|delay| SlowAppend::spawn(group_id, delay, flusher.clone()));
         Ok((
             LogStore {
                 log,
                 meta: meta.clone(),
                 flusher,
                 fault,
-                slow,
             },
             meta,
         ))
@@ -202,10 +195,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.insert(&index_key(entry.log_id.index), bytes);
         }
         self.log.apply_batch(batch).map_err(io_err)?;
-        match &self.slow {
-            None => self.flusher.submit_log(callback).await,
-            Some(slow) => slow.submit(callback).await,
-        }
+        self.flusher.submit_log(callback).await
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {

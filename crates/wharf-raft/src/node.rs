@@ -82,6 +82,8 @@ pub struct RaftNode {
     groups: RwLock<HashMap<GroupId, Group>>,
     /// Serializes starts and stops; `true` once the node is shut down.
     lifecycle: tokio::sync::Mutex<bool>,
+    /// Injected answer delay of AppendEntries (tests only; see `fault`).
+    slow_append: Option<Duration>,
 }
 
 fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
@@ -139,12 +141,18 @@ impl RaftNode {
             pool: Arc::new(PeerPool::new(node_id, settings.bind_ip)),
             groups: RwLock::new(HashMap::new()),
             lifecycle: tokio::sync::Mutex::new(false),
+            slow_append: crate::fault::slow_append_from_env(),
         }))
     }
 
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
         self.node_id
+    }
+
+    /// The injected AppendEntries answer delay, if any (see `fault`).
+    pub(crate) fn slow_append(&self) -> Option<Duration> {
+        self.slow_append
     }
 
     /// The node's database; the server opens its own trees in it.
@@ -188,9 +196,8 @@ impl RaftNode {
             return Err(RaftError::Config(format!("group {group_id}: no members")));
         }
         let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
-        let slow = crate::fault::slow_append_from_env();
         let (log_store, meta_tree) =
-            LogStore::open(&self.db, group_id, self.flusher.clone(), fault, slow)?;
+            LogStore::open(&self.db, group_id, self.flusher.clone(), fault)?;
         let sm_store = SmStore::new(sm.clone(), meta_tree, self.flusher.clone())
             .map_err(|e| RaftError::Storage(e.to_string()))?;
         let network = NetworkFactory {

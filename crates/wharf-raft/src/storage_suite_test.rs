@@ -61,7 +61,7 @@ impl StoreBuilder<TypeConfig, LogStore, SmStore, Guard> for SledBuilder {
             .open()
             .map_err(storage_err)?;
         let (flusher, task) = Flusher::spawn(db.clone());
-        let (log, meta) = LogStore::open(&db, 1, flusher.clone(), None, None).map_err(storage_err)?;
+        let (log, meta) = LogStore::open(&db, 1, flusher.clone(), None).map_err(storage_err)?;
         let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), meta, flusher)
             .map_err(storage_err)?;
         Ok((
