@@ -5,7 +5,8 @@
 //! Nodes can be killed with SIGKILL, stopped with SIGTERM and restarted from
 //! their data dirs. Every wait is on a condition read from the cluster (status,
 //! consumer info), never a bare sleep. When a test panics (or WHARF_TEST_KEEP
-//! is set) the data dirs and node logs are kept and their path printed.
+//! is set) the data dirs and node logs are kept and their path printed;
+//! WHARF_TEST_LOG replaces the nodes' log filter (`info,openraft=warn`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -40,9 +41,18 @@ pub fn wharf_bin() -> PathBuf {
     bin
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// `n` distinct free ports on 127.0.0.1. All listeners are held until every
+/// port is picked: one at a time, the OS may hand out a port just released
+/// again, and two nodes of one cluster then got the same port (a node that
+/// cannot listen exits, and the cluster elects no meta leader: seen in CI).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
 }
 
 pub struct NodeProc {
@@ -93,11 +103,12 @@ impl Cluster {
         wait_on: Option<&[u64]>,
     ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-test-").tempdir()?;
+        let ports = free_ports(2 * n as usize);
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
                 id,
-                addr: format!("127.0.0.1:{}", free_port()),
-                metrics_addr: format!("127.0.0.1:{}", free_port()),
+                addr: format!("127.0.0.1:{}", ports[2 * (id as usize - 1)]),
+                metrics_addr: format!("127.0.0.1:{}", ports[2 * (id as usize - 1) + 1]),
                 data: dir.path().join(format!("node-{id}")),
                 child: None,
             })
@@ -181,7 +192,10 @@ impl Cluster {
             .args(["--peers", &peers])
             .args(["--metrics-listen", &node.metrics_addr])
             .args(&extra)
-            .env("WHARF_LOG", "info,openraft=warn")
+            .env(
+                "WHARF_LOG",
+                std::env::var("WHARF_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
             .envs(env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -391,6 +405,7 @@ impl Cluster {
     pub async fn start_on_ips(ips: &[std::net::IpAddr]) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-chaos-").tempdir()?;
         let mut nodes = Vec::new();
+        let metrics_ports = free_ports(ips.len());
         for (i, ip) in ips.iter().enumerate() {
             let id = i as u64 + 1;
             let l = std::net::TcpListener::bind((*ip, 0))
@@ -399,7 +414,7 @@ impl Cluster {
             nodes.push(NodeProc {
                 id,
                 addr: format!("{ip}:{port}"),
-                metrics_addr: format!("127.0.0.1:{}", free_port()),
+                metrics_addr: format!("127.0.0.1:{}", metrics_ports[i]),
                 data: dir.path().join(format!("node-{id}")),
                 child: None,
             });
