@@ -44,7 +44,8 @@ pub fn wharf_bin() -> PathBuf {
 /// `n` distinct free ports on 127.0.0.1. All listeners are held until every
 /// port is picked: one at a time, the OS may hand out a port just released
 /// again, and two nodes of one cluster then got the same port (a node that
-/// cannot listen exits, and the cluster elects no meta leader: seen in CI).
+/// cannot listen exits, and the cluster elects no meta leader: seen in a
+/// full test run).
 fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<std::net::TcpListener> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
