@@ -5,7 +5,8 @@
 //! Nodes can be killed with SIGKILL, stopped with SIGTERM and restarted from
 //! their data dirs. Every wait is on a condition read from the cluster (status,
 //! consumer info), never a bare sleep. When a test panics (or WHARF_TEST_KEEP
-//! is set) the data dirs and node logs are kept and their path printed.
+//! is set) the data dirs and node logs are kept and their path printed;
+//! WHARF_TEST_LOG replaces the nodes' log filter (`info,openraft=warn`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -41,9 +42,19 @@ pub fn wharf_bin() -> PathBuf {
     bin
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// `n` distinct free ports on 127.0.0.1. All listeners are held until every
+/// port is picked: one at a time, the OS may hand out a port just released
+/// again, and two nodes of one cluster then got the same port (a node that
+/// cannot listen exits, and the cluster elects no meta leader: seen in a
+/// full test run).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
 }
 
 pub struct NodeProc {
@@ -65,6 +76,9 @@ pub struct Cluster {
     paused: std::collections::BTreeSet<u64>,
     /// Arguments for one node only (e.g. its own `--config`).
     pub node_args: std::collections::BTreeMap<u64, Vec<String>>,
+    /// Environment variables for one node only, applied at its next start
+    /// (e.g. a fault hook such as `WHARF_FAULT_SLOW_APPEND_MS`).
+    pub node_env: std::collections::BTreeMap<u64, Vec<(String, String)>>,
     /// TLS and credentials of every client the harness makes.
     pub client_options: wharf_client::ConnectOptions,
     /// Nodes run with the power-loss shim (see [`powerloss`]).
@@ -114,11 +128,12 @@ impl Cluster {
         wait_on: Option<&[u64]>,
     ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-test-").tempdir()?;
+        let ports = free_ports(2 * n as usize);
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
                 id,
-                addr: format!("127.0.0.1:{}", free_port()),
-                metrics_addr: format!("127.0.0.1:{}", free_port()),
+                addr: format!("127.0.0.1:{}", ports[2 * (id as usize - 1)]),
+                metrics_addr: format!("127.0.0.1:{}", ports[2 * (id as usize - 1) + 1]),
                 data: dir.path().join(format!("node-{id}")),
                 child: None,
             })
@@ -135,6 +150,7 @@ impl Cluster {
             extra_args,
             paused: Default::default(),
             node_args,
+            node_env: Default::default(),
             client_options,
             simulate_power_loss,
             joiners: Default::default(),
@@ -195,12 +211,22 @@ impl Cluster {
         let mut extra = self.extra_args.clone();
         extra.extend(self.node_args.get(&id).cloned().unwrap_or_default());
         let power_loss = self.simulate_power_loss;
+        let mut env: Vec<(String, std::ffi::OsString)> = self
+            .node_env
+            .get(&id)
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into()))
+            .collect();
         let node = self.node_mut(id);
-        let env = if power_loss {
-            powerloss::env_for(&node.data)
-        } else {
-            Vec::new()
-        };
+        if power_loss {
+            env.extend(
+                powerloss::env_for(&node.data)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v)),
+            );
+        }
         std::fs::create_dir_all(&node.data)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -219,7 +245,10 @@ impl Cluster {
             .args(&membership)
             .args(["--metrics-listen", &node.metrics_addr])
             .args(&extra)
-            .env("WHARF_LOG", "info,openraft=warn")
+            .env(
+                "WHARF_LOG",
+                std::env::var("WHARF_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
             .envs(env)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -508,6 +537,7 @@ impl Cluster {
     ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("wharf-chaos-").tempdir()?;
         let mut nodes = Vec::new();
+        let metrics_ports = free_ports(ips.len());
         for (i, ip) in ips.iter().enumerate() {
             let id = i as u64 + 1;
             let l = std::net::TcpListener::bind((*ip, 0))
@@ -516,7 +546,7 @@ impl Cluster {
             nodes.push(NodeProc {
                 id,
                 addr: format!("{ip}:{port}"),
-                metrics_addr: format!("127.0.0.1:{}", free_port()),
+                metrics_addr: format!("127.0.0.1:{}", metrics_ports[i]),
                 data: dir.path().join(format!("node-{id}")),
                 child: None,
             });
@@ -533,6 +563,7 @@ impl Cluster {
             extra_args: Vec::new(),
             paused: Default::default(),
             node_args: Default::default(),
+            node_env: Default::default(),
             client_options: Default::default(),
             simulate_power_loss,
             joiners: Default::default(),

@@ -1,4 +1,4 @@
-//! A storage fault injected on purpose, for tests of per-group isolation.
+//! Faults injected on purpose, for tests (never set them in production).
 //!
 //! `WHARF_FAULT_FAIL_GROUP=<node>:<group>:<after>` makes node `<node>`'s log
 //! store of group `<group>` fail every append from its `<after>`-th append
@@ -7,11 +7,23 @@
 //! its Raft core stops, the group reports [`crate::Role::Failed`], and every
 //! other group of the node goes on.
 //!
-//! Left out: read faults, latency, torn writes (see the chaos harness for
-//! process-level faults).
+//! `WHARF_FAULT_SLOW_APPEND_MS=<ms>` makes the process that has it in its
+//! environment a slow follower: it answers every AppendEntries that carries
+//! entries (for any group) no sooner than `<ms>` after the call arrived. The
+//! entries are appended and flushed as usual; only the answer, the leader's
+//! evidence that they are durable here, is late, and it is late on every
+//! attempt, also when an earlier attempt already wrote the same entries (a
+//! follower starved of CPU or disk, or receiving large batches, is slow on
+//! each call). Heartbeats (no entries) and votes are answered at once. Set
+//! it on one server process only (the test harness has per-node
+//! environments, `Cluster::node_env`).
+//!
+//! Left out: read faults, torn writes, a slow fsync of the node's own
+//! appends as a leader (see the chaos harness for process-level faults).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::{GroupId, NodeId};
 
@@ -50,4 +62,22 @@ impl AppendFault {
     pub(crate) fn hit(&self) -> bool {
         self.appends.fetch_add(1, Ordering::Relaxed) + 1 >= self.after
     }
+}
+
+/// The environment variable of the slow-follower fault, read once when the
+/// node opens.
+pub const SLOW_APPEND_ENV: &str = "WHARF_FAULT_SLOW_APPEND_MS";
+
+/// The answer delay configured by [`SLOW_APPEND_ENV`], if any (unset, 0 or
+/// not a number: none).
+pub(crate) fn slow_append_from_env() -> Option<Duration> {
+    let ms: u64 = std::env::var(SLOW_APPEND_ENV).ok()?.trim().parse().ok()?;
+    if ms == 0 {
+        return None;
+    }
+    tracing::warn!(
+        delay_ms = ms,
+        "slow-follower fault armed: AppendEntries with entries are answered late ({SLOW_APPEND_ENV})"
+    );
+    Some(Duration::from_millis(ms))
 }

@@ -90,10 +90,16 @@ fn bad_frame(e: String) -> Status {
 #[tonic::async_trait]
 impl RaftTransport for TransportService {
     async fn append(&self, request: Request<RaftFrame>) -> Result<Response<RaftFrame>, Status> {
+        let arrived = tokio::time::Instant::now();
         let frame = request.into_inner();
         let raft = self.raft(frame.group_id)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&frame.payload).map_err(bad_frame)?;
+        let carries_entries = !rpc.entries.is_empty();
         let res = raft.append_entries(rpc).await.map_err(|e| e.to_string());
+        // The slow-follower fault (tests only, see `fault`).
+        if let Some(delay) = self.node()?.slow_append().filter(|_| carries_entries) {
+            tokio::time::sleep_until(arrived + delay).await;
+        }
         self.reply(frame.group_id, res)
     }
 
