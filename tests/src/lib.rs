@@ -269,10 +269,11 @@ impl Cluster {
             .context("cluster dir")?
             .path()
             .to_path_buf();
+        let ports = free_ports(2);
         self.nodes.push(NodeProc {
             id,
-            addr: format!("127.0.0.1:{}", free_port()),
-            metrics_addr: format!("127.0.0.1:{}", free_port()),
+            addr: format!("127.0.0.1:{}", ports[0]),
+            metrics_addr: format!("127.0.0.1:{}", ports[1]),
             data: dir.join(format!("node-{id}")),
             child: None,
         });
