@@ -259,7 +259,6 @@ async fn followed_groups(
 /// stalled for 5.5 s). A resumed follower must rejoin its leaders quietly:
 /// every group it follows keeps its leader and its term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug 2 is open: needs pre-vote, which is off (docs/RELIABILITY.md)"]
 async fn resumed_follower_does_not_depose_a_healthy_leader() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(3).await?;
     let client = cluster.client();
