@@ -162,8 +162,11 @@ async fn agreed_leader(groups: &[&Group]) -> NodeId {
         .await
         .expect("a leader is elected");
     let mut leader = first.leader.unwrap();
-    // The first node may have seen an older leader; settle on one everyone shares.
-    for _ in 0..10 {
+    // The first node may have seen an older leader; settle on one everyone
+    // shares. Elections can still be going on (a candidate's pre-vote round),
+    // so poll until the deadline rather than a fixed number of times.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
         let mut agreed = true;
         for g in groups {
             let s = g
@@ -178,8 +181,9 @@ async fn agreed_leader(groups: &[&Group]) -> NodeId {
         if agreed {
             return leader;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("nodes never agreed on a leader");
+    panic!("nodes never agreed on a leader within {WAIT:?}");
 }
 
 async fn write_n(g: &Group, n: u64) -> u64 {
