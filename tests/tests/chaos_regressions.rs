@@ -124,15 +124,7 @@ const CATCH_UP_BOUND: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_follower_catches_up_while_another_node_is_down() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(3).await?;
-    cluster
-        .client()
-        .add_stream(pb::StreamConfig {
-            name: "ORDERS".into(),
-            subjects: vec!["orders.>".into()],
-            replicas: 3,
-            ..Default::default()
-        })
-        .await?;
+    cluster.add_stream("ORDERS", &["orders.>"]).await?;
     cluster
         .wait_group_leader("ORDERS", Duration::from_secs(20))
         .await?;
@@ -262,14 +254,7 @@ async fn followed_groups(
 async fn resumed_follower_does_not_depose_a_healthy_leader() -> anyhow::Result<()> {
     let mut cluster = Cluster::start(3).await?;
     let client = cluster.client();
-    client
-        .add_stream(pb::StreamConfig {
-            name: "ORDERS".into(),
-            subjects: vec!["orders.>".into()],
-            replicas: 3,
-            ..Default::default()
-        })
-        .await?;
+    cluster.add_stream("ORDERS", &["orders.>"]).await?;
     client
         .add_consumer(
             "ORDERS",
