@@ -18,7 +18,8 @@
 //!
 //! Fatal: any lost acked publish, seq mismatch, unexpected id, message never
 //! delivered, replicas that disagree after healing, a consumer not drained,
-//! or an overall stall above the bound.
+//! or an overall stall above the bound; and, added by the run from the
+//! nemesis, a membership change that did not complete within its bound.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 

@@ -21,7 +21,8 @@ struct Args {
     /// Seed of the fault schedule.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Fault kinds, comma-separated: kill, leader-kill, pause, restart, partition, all.
+    /// Fault kinds, comma-separated: kill, leader-kill, pause, restart,
+    /// partition, power-loss, member, all.
     #[arg(long, default_value = "all")]
     faults: String,
     #[arg(long, default_value_t = 3)]

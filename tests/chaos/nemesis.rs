@@ -11,6 +11,14 @@
 //! - `power-loss`: SIGKILL of a random node, then its files lose every write
 //!   it had not fsynced (`crate::powerloss`; the nodes then run under the
 //!   shim); started again at heal.
+//! - `member`: a node is replaced under load. A new node (a new id) starts
+//!   with `--join` on the free address slot and is added with `peer add`;
+//!   then `peer remove` of a random node starts moving its replicas. At heal
+//!   the removal is awaited (bounded by [`MEMBER_REMOVE_BOUND`]), the removed
+//!   node is stopped and forgotten, and its address becomes the free slot.
+//!   The cluster is back to three nodes, so every other fault still leaves a
+//!   majority. A change that does not complete in its bound is a failure of
+//!   the run (`Nemesis::failures`), not an error of the harness.
 //!
 //! The RNG decides the kinds, the victims and the durations; which node leads
 //! a group at the time is the cluster's business, so a seed replays the same
@@ -37,16 +45,18 @@ pub enum FaultKind {
     Restart,
     Partition,
     PowerLoss,
+    Member,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Kill,
         FaultKind::LeaderKill,
         FaultKind::Pause,
         FaultKind::Restart,
         FaultKind::Partition,
         FaultKind::PowerLoss,
+        FaultKind::Member,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +67,7 @@ impl FaultKind {
             FaultKind::Restart => "restart",
             FaultKind::Partition => "partition",
             FaultKind::PowerLoss => "power-loss",
+            FaultKind::Member => "member",
         }
     }
 
@@ -70,7 +81,7 @@ impl FaultKind {
             match FaultKind::ALL.iter().find(|k| k.name() == part) {
                 Some(k) => out.push(*k),
                 None => bail!(
-                    "unknown fault {part:?} (kill, leader-kill, pause, restart, partition, power-loss, all)"
+                    "unknown fault {part:?} (kill, leader-kill, pause, restart, partition, power-loss, member, all)"
                 ),
             }
         }
@@ -216,11 +227,18 @@ impl Drop for Net {
     }
 }
 
+/// How long `peer add` of a new node may take, retries included.
+pub const MEMBER_ADD_BOUND: Duration = Duration::from_secs(60);
+/// How long a `peer remove` may take to move every replica off the node.
+pub const MEMBER_REMOVE_BOUND: Duration = Duration::from_secs(120);
+
 /// One fault in progress, remembered so that it can be healed.
 #[derive(Debug, Clone, Copy)]
 pub struct Active {
     pub kind: FaultKind,
     pub node: u64,
+    /// `member`: the node that joined in place of `node`.
+    pub added: Option<u64>,
 }
 
 pub struct Nemesis {
@@ -230,6 +248,12 @@ pub struct Nemesis {
     pub fault_ms: (u64, u64),
     pub recovery_ms: (u64, u64),
     pub history: Arc<History>,
+    /// Every address a node may listen on: the founding nodes' and one
+    /// spare (`member` faults move nodes between them). Clients know all.
+    pub slots: Vec<String>,
+    /// What the cluster failed to do that no client operation shows (a
+    /// membership change that did not complete); the run is then invalid.
+    pub failures: Vec<String>,
 }
 
 impl Nemesis {
@@ -250,7 +274,6 @@ impl Nemesis {
 
     /// Inject faults until `until` (a harness clock time in ms).
     pub async fn run(&mut self, cluster: &mut Cluster, until_ms: u64) -> Result<()> {
-        let node_ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
         while self.history.now_ms() + self.fault_ms.1 < until_ms {
             let recovery = self.rng.gen_range(self.recovery_ms.0..=self.recovery_ms.1);
             tokio::time::sleep(Duration::from_millis(recovery)).await;
@@ -262,6 +285,8 @@ impl Nemesis {
                 break;
             }
             let kind = self.kinds[self.rng.gen_range(0..self.kinds.len())];
+            // Member faults change the node set: read it every round.
+            let node_ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
             let random_node = node_ids[self.rng.gen_range(0..node_ids.len())];
             let hold = self.rng.gen_range(self.fault_ms.0..=self.fault_ms.1);
             let group = if self.rng.gen_bool(0.5) {
@@ -290,7 +315,13 @@ impl Nemesis {
             },
             _ => random_node,
         };
+        let mut added = None;
         let detail = match kind {
+            FaultKind::Member => {
+                let (id, detail) = self.replace_node(cluster, node).await?;
+                added = id;
+                detail
+            }
             FaultKind::Kill => {
                 cluster.kill(node);
                 "SIGKILL".to_string()
@@ -338,12 +369,108 @@ impl Nemesis {
             }
         };
         self.fault_event("start", kind, node, detail);
-        Ok(Active { kind, node })
+        Ok(Active { kind, node, added })
+    }
+
+    /// A client over every slot address (whichever nodes hold them now).
+    fn admin(&self) -> wharf_client::Client {
+        super::workload::client_starting_at(&self.slots, 0).with_retry_for(Duration::from_secs(5))
+    }
+
+    /// `member` inject: start a node on the free slot, `peer add` it, then
+    /// ask for `peer remove` of `victim` (the first call waits up to the
+    /// server's own bound; the rest is awaited at heal). The new id (None
+    /// when it could not be added: it is then stopped and nothing is
+    /// removed) and a description.
+    async fn replace_node(
+        &mut self,
+        cluster: &mut Cluster,
+        victim: u64,
+    ) -> Result<(Option<u64>, String)> {
+        let Some(addr) = (self.slots.iter())
+            .find(|a| cluster.nodes.iter().all(|n| &n.addr != *a))
+            .cloned()
+        else {
+            bail!("member fault: no free address slot");
+        };
+        let started = tokio::time::Instant::now();
+        let id = cluster.spawn_joining_at(addr.clone())?;
+        let admin = self.admin();
+        let deadline = started + MEMBER_ADD_BOUND;
+        let mut last_err = String::new();
+        let mut added = false;
+        while tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout(Duration::from_secs(30), admin.peer_add(id, &addr)).await {
+                Ok(Ok(_)) => {
+                    added = true;
+                    break;
+                }
+                Ok(Err(e)) => last_err = e.to_string(),
+                Err(_) => last_err = "peer add timed out after 30 s".into(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        if !added {
+            self.failures.push(format!(
+                "member: peer add of node {id} at {addr} did not complete within {MEMBER_ADD_BOUND:?}: {last_err}"
+            ));
+            cluster.forget(id);
+            let detail = format!("node {id} started at {addr} but peer add failed: {last_err}");
+            return Ok((None, detail));
+        }
+        let add_s = started.elapsed().as_secs_f64();
+        let removing = tokio::time::Instant::now();
+        let first = tokio::time::timeout(Duration::from_secs(30), admin.peer_remove(victim)).await;
+        let first_s = removing.elapsed().as_secs_f64();
+        let first = match first {
+            Ok(Ok(r)) if r.done => {
+                format!("done in {first_s:.1} s, {} groups moved", r.moved_groups)
+            }
+            Ok(Ok(r)) => format!("after {first_s:.1} s still moving {:?}", r.moving),
+            Ok(Err(e)) => format!("first call: {e}"),
+            Err(_) => "first call timed out".to_string(),
+        };
+        Ok((
+            Some(id),
+            format!(
+                "node {id} added at {addr} in {add_s:.1} s; peer remove {victim} started ({first})"
+            ),
+        ))
+    }
+
+    /// `member` heal: wait until the removal of `victim` is done, then stop
+    /// and forget it (its address is the free slot again).
+    async fn finish_removal(&mut self, cluster: &mut Cluster, victim: u64) -> String {
+        let started = tokio::time::Instant::now();
+        let deadline = started + MEMBER_REMOVE_BOUND;
+        let admin = self.admin();
+        let mut last = String::new();
+        while tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout(Duration::from_secs(30), admin.peer_remove(victim)).await {
+                Ok(Ok(r)) if r.done => {
+                    cluster.forget(victim);
+                    return format!(
+                        "removal done after {:.1} s more; node stopped",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                Ok(Ok(r)) => last = format!("still moving {:?}", r.moving),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "peer remove timed out after 30 s".into(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.failures.push(format!(
+            "member: peer remove of node {victim} not done within {MEMBER_REMOVE_BOUND:?}: {last}"
+        ));
+        format!("removal NOT done within {MEMBER_REMOVE_BOUND:?}: {last}")
     }
 
     /// Undo one fault.
     pub async fn heal(&mut self, cluster: &mut Cluster, a: Active) -> Result<()> {
         let detail = match a.kind {
+            FaultKind::Member if a.added.is_some() => self.finish_removal(cluster, a.node).await,
+            FaultKind::Member => "no node was added, none removed".to_string(),
             FaultKind::Kill | FaultKind::LeaderKill | FaultKind::Restart | FaultKind::PowerLoss => {
                 cluster.start_node(a.node)?;
                 "started again".to_string()

@@ -85,6 +85,8 @@ pub struct Cluster {
     simulate_power_loss: bool,
     /// Nodes started with `--join` (added later with `peer add`).
     joiners: std::collections::BTreeSet<u64>,
+    /// Nodes dropped by [`Cluster::forget`] (their ids are not reused).
+    forgotten: std::collections::BTreeSet<u64>,
 }
 
 impl Cluster {
@@ -154,6 +156,7 @@ impl Cluster {
             client_options,
             simulate_power_loss,
             joiners: Default::default(),
+            forgotten: Default::default(),
         };
         for id in 1..=n {
             cluster.spawn(id)?;
@@ -262,24 +265,46 @@ impl Cluster {
     /// Start a new node with `--join` (the other nodes as seeds); it holds no
     /// data until `wharf cluster peer add <id> <addr>` adds it. Returns its id.
     pub fn spawn_joining(&mut self) -> Result<u64> {
-        let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let port = free_ports(1)[0];
+        self.spawn_joining_at(format!("127.0.0.1:{port}"))
+    }
+
+    /// [`Cluster::spawn_joining`] listening on `addr` (the chaos harness
+    /// gives a new node the address of one it removed earlier). Ids are
+    /// never reused: the new id is one above every id this cluster had.
+    pub fn spawn_joining_at(&mut self, addr: String) -> Result<u64> {
+        let id = (self.nodes.iter().map(|n| n.id))
+            .chain(self.forgotten.iter().copied())
+            .max()
+            .unwrap_or(0)
+            + 1;
         let dir = self
             .dir
             .as_ref()
             .context("cluster dir")?
             .path()
             .to_path_buf();
-        let ports = free_ports(2);
+        let metrics_port = free_ports(1)[0];
         self.nodes.push(NodeProc {
             id,
-            addr: format!("127.0.0.1:{}", ports[0]),
-            metrics_addr: format!("127.0.0.1:{}", ports[1]),
+            addr,
+            metrics_addr: format!("127.0.0.1:{metrics_port}"),
             data: dir.join(format!("node-{id}")),
             child: None,
         });
         self.joiners.insert(id);
         self.spawn(id)?;
         Ok(id)
+    }
+
+    /// A node removed from the cluster (`peer remove`): SIGKILL it if it
+    /// still runs and drop it from [`Cluster::nodes`]. Its data dir and log
+    /// stay with the cluster's (kept or deleted with them).
+    pub fn forget(&mut self, id: u64) {
+        self.kill(id);
+        self.paused.remove(&id);
+        self.nodes.retain(|n| n.id != id);
+        self.forgotten.insert(id);
     }
 
     /// SIGKILL: no chance to flush or hand anything over.
@@ -568,6 +593,7 @@ impl Cluster {
             client_options: Default::default(),
             simulate_power_loss,
             joiners: Default::default(),
+            forgotten: Default::default(),
         };
         for id in 1..=ips.len() as u64 {
             cluster.spawn(id)?;
