@@ -35,6 +35,8 @@ mod transport;
 mod types;
 
 #[cfg(test)]
+mod sled_scan_bug_test;
+#[cfg(test)]
 mod storage_suite_test;
 
 use std::sync::Arc;
@@ -42,6 +44,7 @@ use std::sync::Arc;
 pub use error::RaftError;
 pub use group::Group;
 pub use node::RaftNode;
+pub use sled_files::sync_sled_write;
 pub use peer_auth::{PeerAuth, PeerChannel, PeerCredentials, PEER_SECRET_HEADER};
 
 /// Identifies a node of the cluster.

@@ -142,6 +142,9 @@ impl RaftNode {
         let db = sled::Config::new()
             .path(&sled_dir)
             .cache_capacity(SLED_CACHE_BYTES)
+            // Only the node's flusher syncs (see `sled_files`): sled's own
+            // periodic fsync would make a pointer durable before its blob.
+            .flush_every_ms(None)
             .open()?;
         let (flusher, flusher_task) = Flusher::spawn(db.clone(), &sled_dir)
             .map_err(|e| RaftError::Storage(format!("{}: {e}", sled_dir.display())))?;

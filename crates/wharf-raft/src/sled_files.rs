@@ -1,36 +1,48 @@
-//! Makes sled's flush an fsync.
+//! Makes sled's syncs fsyncs, blob files before the file that points to them.
 //!
-//! On Linux sled 0.34 ends a flush with `sync_file_range` over the bytes it
-//! wrote: that writes the pages, but neither the file's metadata (its size,
-//! which grows as segments are added) nor the drive's write cache, and it
-//! never syncs blob files (values too large for a segment, such as a big
-//! batch of publishes). Its own `fsync` runs only every `flush_every_ms`
-//! (500 ms). So a power cut can lose writes that `flush_async` reported
-//! done; the simulated power loss test (`tests/tests/power_loss.rs`) showed
-//! acknowledged publishes lost on every node.
+//! On Linux sled 0.34 ends each write of its log with `sync_file_range` over
+//! the bytes it wrote: that writes the pages, but neither the file's metadata
+//! (its size, which grows as segments are added) nor the drive's write cache.
+//! It never syncs blob files (page fragments over about 128 KiB, such as a
+//! big batch of publishes), yet it writes a blob *before* the log record that
+//! points to it. So a power cut could lose writes `flush_async` reported done
+//! (bug 4 of docs/RELIABILITY.md), keep a pointer to a blob that was lost
+//! (bug 5), or lose pages sled had already relocated from a segment it then
+//! reused (bug 6: a tree whose forward scan stopped early).
 //!
-//! [`SledFiles::sync`] runs after each `flush_async`: it `fdatasync`s the main
-//! file, and `fsync`s every blob file that is new or has grown since it was
-//! last synced (sled may still be writing a blob of a later, unflushed write
-//! while this runs), and then the blob directory. Only after it returns does
-//! the flusher report writes durable.
+//! Two entry points, both syncing every blob file that is new or has grown
+//! since it was last synced (and then the blob directory) *before* the main
+//! file:
+//! - [`SledFiles::sync`] runs after each `flush_async` of the node's flusher;
+//!   only after it returns are writes reported durable.
+//! - [`sync_sled_write`] is what the `wharf` executable runs in place of
+//!   sled's `sync_file_range` (`crates/wharf/src/sled_sync.rs`), so each log
+//!   write sled considers stable is on disk with its blobs.
 //!
-//! Left out: sled's `conf` and snapshot files (sled fsyncs its snapshots; the
-//! `conf` file is rewritten at open when missing).
+//! sled's periodic flush thread is off (`flush_every_ms(None)` where the node
+//! opens its database): its plain `fsync` of the main file would make
+//! pointers durable before their blobs.
+//!
+//! Left out: a write sled makes while a sync runs can still be caught by the
+//! main file's sync without its blob (sled writes the blob and the pointer
+//! without a lock we could take); sled's `conf` and snapshot files (sled
+//! fsyncs its snapshots; `conf` is rewritten at open when missing).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Blob files already fsynced, with their length then, per blob directory
+/// (those still present at the last sync). Shared by both entry points.
+static SYNCED_BLOBS: Mutex<Option<HashMap<PathBuf, HashMap<OsString, u64>>>> = Mutex::new(None);
 
 /// Handles on a sled database's files, for syncing them.
 pub(crate) struct SledFiles {
     dir: PathBuf,
     db_file: File,
-    /// Blob files already fsynced, with their length then (those still
-    /// present at the last sync).
-    synced_blobs: HashMap<OsString, u64>,
 }
 
 impl SledFiles {
@@ -39,44 +51,73 @@ impl SledFiles {
         Ok(SledFiles {
             dir: dir.to_path_buf(),
             db_file: File::open(dir.join("db"))?,
-            synced_blobs: HashMap::new(),
         })
     }
 
     /// Everything sled wrote before this call is on disk when it returns Ok.
     pub(crate) fn sync(&mut self) -> io::Result<()> {
-        self.db_file.sync_data()?;
-        let blobs = self.dir.join("blobs");
-        let entries = match std::fs::read_dir(&blobs) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        sync_blobs(&self.dir.join("blobs"))?;
+        self.db_file.sync_data()
+    }
+}
+
+/// sled's `sync_file_range(fd, ..)`, made durable: if `fd` is a sled main
+/// file (named `db`), its blob files first, then `fdatasync(fd)`.
+pub fn sync_sled_write(fd: std::os::unix::io::RawFd) -> io::Result<()> {
+    use std::mem::ManuallyDrop;
+    use std::os::unix::io::FromRawFd;
+    if let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+        if path.file_name().is_some_and(|n| n == "db") {
+            if let Some(dir) = path.parent() {
+                sync_blobs(&dir.join("blobs"))?;
+            }
+        }
+    }
+    // SAFETY: the caller (sled) keeps `fd` open for the whole call, and
+    // `ManuallyDrop` means it is never closed here.
+    let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    file.sync_data()
+}
+
+/// fsync every blob in `blobs` that is new or has grown since its last sync,
+/// then the directory if any was.
+fn sync_blobs(blobs: &Path) -> io::Result<()> {
+    let entries = match std::fs::read_dir(blobs) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut guard = SYNCED_BLOBS
+        .lock()
+        .map_err(|_| io::Error::other("blob sync lock poisoned"))?;
+    let synced = guard
+        .get_or_insert_with(HashMap::new)
+        .entry(blobs.to_path_buf())
+        .or_default();
+    let mut present = HashMap::new();
+    let mut synced_new = false;
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let len = match entry.metadata() {
+            Ok(m) => m.len(),
+            // Removed by sled's blob GC meanwhile: nothing to keep.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let mut present = HashMap::new();
-        let mut synced_new = false;
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            let len = match entry.metadata() {
-                Ok(m) => m.len(),
-                // Removed by sled's blob GC meanwhile: nothing to keep.
+        if synced.get(&name) != Some(&len) {
+            match File::open(blobs.join(&name)) {
+                Ok(f) => f.sync_all()?,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
-            };
-            if self.synced_blobs.get(&name) != Some(&len) {
-                match File::open(blobs.join(&name)) {
-                    Ok(f) => f.sync_all()?,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e),
-                }
-                synced_new = true;
             }
-            present.insert(name, len);
+            synced_new = true;
         }
-        self.synced_blobs = present;
-        if synced_new {
-            File::open(&blobs)?.sync_all()?;
-        }
-        Ok(())
+        present.insert(name, len);
     }
+    *synced = present;
+    if synced_new {
+        File::open(blobs)?.sync_all()?;
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@ mod limits_config;
 mod security_cmd;
 mod server_cmd;
 mod server_config;
+mod sled_sync;
 mod stream_cmd;
 
 use std::process::ExitCode;
