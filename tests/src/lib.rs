@@ -490,6 +490,28 @@ impl Cluster {
     pub fn logs_dir(&self) -> Option<&Path> {
         self.dir.as_ref().map(|d| d.path())
     }
+
+    /// Wait up to `timeout` for node `id` to exit by itself (no signal from
+    /// the harness): its exit status, or None if it still runs then (or was
+    /// not running). A node that exited counts as not running afterwards.
+    pub async fn wait_exit(
+        &mut self,
+        id: u64,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let node = self.node_mut(id);
+            if let Some(status) = node.child.as_mut()?.try_wait().ok()? {
+                node.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Cluster {

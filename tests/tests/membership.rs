@@ -1,16 +1,23 @@
 //! Cluster membership with real `wharf server` processes: nodes started with
 //! `--join` and added by `wharf cluster peer add`, placement of new streams
 //! on them by load, `peer remove` of a node that leads a group while a
-//! publisher and workers keep running, and the errors of bad requests.
+//! publisher and workers keep running, a removed node stopping itself (also
+//! when it is started again after its removal), and the errors of bad
+//! requests.
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use wharf_client::{proto as pb, Client};
 use wharf_tests::{eventually, json, stderr, wharf_bin, Cluster};
+
+/// How long a removed node may take to stop by itself: to learn that its
+/// removal is done (it asks every second), then a graceful shutdown.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
 
 fn stream(name: &str) -> pb::StreamConfig {
     pb::StreamConfig {
@@ -261,20 +268,183 @@ async fn removing_a_leading_node_under_load_moves_its_replicas() -> anyhow::Resu
         },
     )
     .await?;
-    // The removed node stopped every group but its (departed) meta replica.
+    // The removed node stopped by itself (exit code 0).
+    let status = cluster.wait_exit(victim, EXIT_WAIT).await;
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "removed node {victim} did not exit by itself: {status:?}"
+    );
+    Ok(())
+}
+
+/// Members, and every group's (name, replicas, voters, leader, term), as
+/// each of `nodes` reports them.
+type View = Vec<(u64, Vec<u64>, Vec<(String, Vec<u64>, Vec<u64>, u64, u64)>)>;
+
+async fn view(cluster: &Cluster, nodes: &[u64]) -> Option<View> {
+    let mut out = Vec::new();
+    for id in nodes {
+        let s = cluster.status_of(*id, Duration::from_secs(2)).await?;
+        let members = s.nodes.iter().map(|n| n.id).collect();
+        let groups = (s.groups.iter())
+            .map(|g| {
+                let (replicas, voters) = (g.replicas.clone(), g.voters.clone());
+                (g.name.clone(), replicas, voters, g.leader, g.term)
+            })
+            .collect();
+        out.push((*id, members, groups));
+    }
+    Some(out)
+}
+
+/// The view of `nodes` once every group they host has a leader they agree
+/// on (same term) and its Raft voters are its replicas.
+async fn settled_view(cluster: &Cluster, nodes: &[u64]) -> anyhow::Result<View> {
+    eventually("a settled cluster", Duration::from_secs(60), || async {
+        let v = view(cluster, nodes).await?;
+        let mut leaders: HashMap<&str, (u64, u64)> = HashMap::new();
+        for (_, _, groups) in &v {
+            for (name, replicas, voters, leader, term) in groups {
+                if voters.is_empty() {
+                    continue; // not hosted on this node
+                }
+                if *leader == 0 || voters != replicas {
+                    return None;
+                }
+                if *leaders.entry(name).or_insert((*leader, *term)) != (*leader, *term) {
+                    return None;
+                }
+            }
+        }
+        Some(v)
+    })
+    .await
+}
+
+/// Start the removed node `id` again from its data dir: it must exit by
+/// itself with code 0 and say why, and `members` must report exactly what
+/// they reported before (members, replicas, voters, leaders, terms). The
+/// node's log of this run.
+async fn restarted_removed_node_exits_quietly(
+    cluster: &mut Cluster,
+    id: u64,
+    members: &[u64],
+) -> anyhow::Result<String> {
+    let before = settled_view(cluster, members).await?;
+    let log_path = cluster.log_path(id);
+    let logged_before = std::fs::metadata(&log_path)?.len() as usize;
+    cluster.start_node(id)?;
+    let status = cluster.wait_exit(id, EXIT_WAIT).await;
+    let log = std::fs::read_to_string(&log_path)?;
+    let run = log.get(logged_before..).unwrap_or_default().to_string();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "removed node {id}, started again, did not exit by itself: {status:?}\n{run}"
+    );
+    let why = format!("node {id} was removed from the cluster");
+    assert!(run.contains(&why), "no {why:?} in node {id}'s log:\n{run}");
+    let after = view(cluster, members).await.context("members' status")?;
+    assert_eq!(
+        before, after,
+        "the cluster changed while removed node {id} ran"
+    );
+    Ok(run)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_node_stops_itself_once_its_replicas_moved() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let client = cluster.client();
+    client.add_stream(stream("ORDERS")).await?;
+    add_node(&mut cluster)?;
+    assert_eq!(
+        replicas(&client.add_stream(stream("OTHER")).await?),
+        vec![1, 2, 4]
+    );
+    client.add_consumer("OTHER", consumer("w")).await?;
+    for i in 0..10 {
+        client.publish("other.x", format!("o{i}")).await?;
+    }
+
+    let args = ["cluster", "peer", "remove", "4", "--json"];
+    let out = wharf_blocking(cluster.servers(), args.map(String::from).to_vec()).await;
+    assert_eq!(json(&out)?["nodes"], serde_json::json!([1, 2, 3]));
+    let done = Instant::now();
+    let status = cluster.wait_exit(4, EXIT_WAIT).await;
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "node 4 did not exit by itself with code 0 within {EXIT_WAIT:?} of its removal: {status:?}"
+    );
+    eprintln!(
+        "node 4 exited {:?} after the removal was done",
+        done.elapsed()
+    );
+    // It said why, and only after it had let go of its replicas (their
+    // moves were done).
+    let log = std::fs::read_to_string(cluster.log_path(4))?;
+    let why = (log.find("node 4 was removed from the cluster; its replicas have moved"))
+        .context("node 4's log does not say why it stopped")?;
+    let dropped =
+        (log.find("stream group removed")).context("node 4 never dropped its replica of OTHER")?;
+    assert!(dropped < why, "node 4 stopped before its replicas moved");
+    // The others go on without it.
+    let got = drain(&client, "OTHER", "w", 10).await;
+    assert_eq!(got, (0..10).map(|i| format!("o{i}")).collect::<Vec<_>>());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_during_its_removal_stops_when_started_again() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let client = cluster.client();
+    client.add_stream(stream("ORDERS")).await?;
+    add_node(&mut cluster)?;
+    assert_eq!(
+        replicas(&client.add_stream(stream("OTHER")).await?),
+        vec![1, 2, 4]
+    );
+    client.add_consumer("OTHER", consumer("w")).await?;
+    for i in 0..10 {
+        client.publish("other.x", format!("o{i}")).await?;
+    }
+    // Node 3, the only node OTHER can move to, is down: the move waits.
+    cluster.kill(3);
+    let args = ["cluster", "peer", "remove", "4", "--json"];
+    let remove = tokio::spawn(wharf_blocking(
+        cluster.servers(),
+        args.map(String::from).to_vec(),
+    ));
     eventually(
-        "removed node stopped its groups",
-        Duration::from_secs(30),
+        "node 4 applied its removal, OTHER still moving",
+        Duration::from_secs(60),
         || async {
-            let s = cluster.status_of(victim, Duration::from_secs(2)).await?;
-            let hosted: Vec<&str> = (s.groups.iter())
-                .filter(|g| g.kind != "meta" && !g.local_role.is_empty())
-                .map(|g| g.name.as_str())
-                .collect();
-            hosted.is_empty().then_some(())
+            let s = cluster.status_of(4, Duration::from_secs(2)).await?;
+            let members: Vec<u64> = s.nodes.iter().map(|n| n.id).collect();
+            let other = s.groups.iter().find(|g| g.name == "OTHER")?;
+            (members == [1, 2, 3] && other.voters.contains(&4)).then_some(())
         },
     )
     .await?;
+    cluster.kill(4);
+    cluster.start_node(3)?;
+    let out = remove.await?;
+    assert_eq!(json(&out)?["nodes"], serde_json::json!([1, 2, 3]));
+
+    // Its stored catalog says it was removed: it asks, and starts nothing.
+    let run = restarted_removed_node_exits_quietly(&mut cluster, 4, &[1, 2, 3]).await?;
+    assert!(
+        run.contains("the stored catalog says this node was removed"),
+        "{run}"
+    );
+    assert!(
+        !run.contains("stream group started") && !run.contains("consumer group started"),
+        "node 4 started a stream or consumer group after its removal:\n{run}"
+    );
+    let got = drain(&client, "OTHER", "w", 10).await;
+    assert_eq!(got, (0..10).map(|i| format!("o{i}")).collect::<Vec<_>>());
     Ok(())
 }
 
@@ -355,6 +525,11 @@ async fn a_dead_node_can_be_removed_and_its_replicas_replaced() -> anyhow::Resul
     assert_eq!(got, (0..20).map(|i| format!("m{i}")).collect::<Vec<_>>());
     let local = cluster.client_of(4).stream_info_local("ORDERS").await;
     assert_eq!(local?.state.unwrap_or_default().messages, 20);
+
+    // Started again with its old data dir, whose catalog predates the
+    // removal, node 2 finds out from the others and stops by itself; its
+    // stale replicas disturb nobody meanwhile.
+    restarted_removed_node_exits_quietly(&mut cluster, 2, &[1, 3, 4]).await?;
     Ok(())
 }
 

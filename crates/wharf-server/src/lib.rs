@@ -4,9 +4,9 @@
 //! - `meta`, `stream_sm`, `consumer_sm`: the three kinds of replicated state machine.
 //! - `stream_writer`, `stream_runtime`, `consumer_runtime`: what a group's
 //!   leader runs (publish batching; config and expiry; sessions, dispatch and acks).
-//! - `bootstrap`, `membership`, `meta_nodes`, `replica_mover`: the cluster's
-//!   node set (`peer add`, `peer remove`, joining) and moving replicas off a
-//!   removed node.
+//! - `bootstrap`, `membership`, `meta_nodes`, `replica_mover`, `removal`: the
+//!   cluster's node set (`peer add`, `peer remove`, joining), moving replicas
+//!   off a removed node, and a removed node stopping itself.
 //! - `stream_admin`: stream edit, purge, get and delete of one message.
 //! - `service`, `routing`, `forward`, `status`: the gRPC front end, and forwarding
 //!   to whichever node leads the group a call needs.
@@ -41,6 +41,7 @@ mod metrics_http;
 pub mod metrics_text;
 mod node;
 mod reflection;
+mod removal;
 mod replica_mover;
 pub mod request_check;
 mod routing;

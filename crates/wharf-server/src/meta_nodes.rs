@@ -65,6 +65,16 @@ impl Catalog {
         streams.chain(consumers).collect()
     }
 
+    /// Whether any stream or consumer group has a replica on `id` or is
+    /// still moving away from it (`leaving`).
+    pub(crate) fn has_replicas_on(&self, id: NodeId) -> bool {
+        let on = |replicas: &[NodeId], leaving: &[NodeId]| {
+            replicas.contains(&id) || leaving.contains(&id)
+        };
+        self.streams.values().any(|s| on(&s.replicas, &s.leaving))
+            || self.consumers.values().any(|c| on(&c.replicas, &c.leaving))
+    }
+
     pub(crate) fn add_node(&mut self, id: NodeId, addr: String) -> MetaResponse {
         if id == 0 {
             return Err(ServerError::Invalid("node id must be 1 or more".into()));
@@ -267,9 +277,12 @@ mod tests {
         // A second removal waits for the moves to finish.
         let busy = c.apply(MetaCommand::RemoveNode { id: 1 }).unwrap_err();
         assert!(busy.to_string().contains("still moving"), "{busy}");
+        assert!(c.has_replicas_on(2), "still leaving A and A/w");
         c.apply(MetaCommand::MoveDone { group_id: a }).unwrap();
+        assert!(c.has_replicas_on(2), "still leaving A/w");
         c.apply(MetaCommand::MoveDone { group_id: ca }).unwrap();
         assert!(c.moving_groups().is_empty());
+        assert!(!c.has_replicas_on(2));
         c.apply(MetaCommand::RemoveNode { id: 1 }).unwrap();
         assert_eq!(c.streams["A"].replicas, vec![3, 4, 5]);
         c.apply(MetaCommand::MoveDone { group_id: a }).unwrap();

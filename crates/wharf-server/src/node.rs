@@ -13,6 +13,8 @@
 //! longer a replica keeps its replica while it is still in the group's
 //! `leaving` list (a Raft voter the group is moving away from), and drops it
 //! once the group's leader reported the move done (see `replica_mover`).
+//! A node that was removed altogether stops itself once the cluster needs
+//! nothing from it any more (see `removal`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -130,6 +132,9 @@ pub(crate) struct NodeInner {
     pub grpc_metrics: Arc<crate::grpc_metrics::GrpcMetrics>,
     /// Open pull sessions per client (`max_pulls_per_client`).
     pub pull_sessions: Arc<crate::limits::ClientCounts>,
+    /// Turns true once this node learned that it was removed from the
+    /// cluster and that the removal is done (`removal`).
+    pub removed: watch::Sender<bool>,
 }
 
 impl NodeInner {
@@ -227,6 +232,7 @@ impl Node {
             draining: Default::default(),
             grpc_metrics: Default::default(),
             pull_sessions: Default::default(),
+            removed: watch::Sender::new(false),
         });
         let server = tokio::spawn(crate::service::serve(
             inner.clone(),
@@ -240,7 +246,8 @@ impl Node {
             let serve = crate::metrics_http::serve(inner.clone(), listener, shutdown_rx.clone());
             tokio::spawn(serve);
         }
-        tokio::spawn(reconcile_loop(inner.clone(), shutdown_rx));
+        tokio::spawn(reconcile_loop(inner.clone(), shutdown_rx.clone()));
+        tokio::spawn(crate::removal::watch(inner.clone(), shutdown_rx));
         tracing::info!(node = inner.id(), addr = %local_addr, "wharf node started");
         Ok(Node {
             inner,
@@ -256,6 +263,15 @@ impl Node {
 
     pub fn node_id(&self) -> NodeId {
         self.inner.id()
+    }
+
+    /// Resolves once this node was removed from the cluster (`peer remove`)
+    /// and the cluster needs nothing from it any more: every replica moved
+    /// and it left the meta group (see `removal`). The caller then shuts it
+    /// down.
+    pub async fn removed(&self) {
+        let mut removed = self.inner.removed.subscribe();
+        let _ = removed.wait_for(|r| *r).await;
     }
 
     /// Hand leadership of every group this node leads to another replica,
@@ -314,8 +330,16 @@ const RECONCILE_TICK: Duration = Duration::from_secs(2);
 const MOVING_TICK: Duration = Duration::from_millis(200);
 
 async fn reconcile_loop(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bool>) {
+    // A node restarted after its removal (its stored catalog knows of it)
+    // starts no group.
+    if crate::removal::done_at_start(&node).await {
+        return;
+    }
     let mut version = node.meta_version.clone();
     loop {
+        if node.is_removed() {
+            return;
+        }
         if let Err(e) = reconcile(&node).await {
             tracing::warn!("reconcile: {e}");
         }

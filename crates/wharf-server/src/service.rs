@@ -656,6 +656,16 @@ impl Wharf for WharfService {
         Ok(Response::new(pb::MoveDoneResponse {}))
     }
 
+    async fn removal_status(
+        &self,
+        req: Request<pb::RemovalStatusRequest>,
+    ) -> Result<Response<pb::RemovalStatusResponse>, Status> {
+        authorize(&req, Action::admin(CLUSTER_ADMIN))?;
+        let hops = hops(&req);
+        let r = self.node.removal_status(req.into_inner(), hops).await?;
+        Ok(Response::new(r))
+    }
+
     async fn cluster_status(
         &self,
         req: Request<pb::ClusterStatusRequest>,

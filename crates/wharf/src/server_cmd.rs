@@ -56,8 +56,16 @@ pub async fn server(args: ServerArgs) -> Result<()> {
     init_logging(crate::server_config::log_format(&args)?);
     let config = crate::server_config::resolve(args)?;
     let node = Node::start(config).await?;
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+    let id = node.node_id();
+    tokio::select! {
+        _ = shutdown_signal() => tracing::info!("shutting down"),
+        // Exit code 0: a supervisor should not restart it (see
+        // wharf_server's `removal` module).
+        _ = node.removed() => tracing::warn!(
+            node = id,
+            "node {id} was removed from the cluster; its replicas have moved and it left the meta group: shutting down (exit code 0)"
+        ),
+    }
     node.shutdown().await;
     Ok(())
 }
