@@ -7,7 +7,12 @@ fn main() {
         .iter()
         .map(|kv| u64::from_be_bytes(kv.unwrap().0.as_ref().try_into().unwrap()))
         .collect();
-    println!("iter: {} keys, first {:?} last {:?}", keys.len(), keys.first(), keys.last());
+    println!(
+        "iter: {} keys, first {:?} last {:?}",
+        keys.len(),
+        keys.first(),
+        keys.last()
+    );
     for w in keys.windows(2) {
         if w[1] != w[0] + 1 {
             println!("  iter jumps {} -> {}", w[0], w[1]);
@@ -15,8 +20,15 @@ fn main() {
     }
     let (a, b) = (keys[0], *keys.last().unwrap());
     let missing: Vec<u64> = (a..=b).filter(|i| !keys.contains(i)).collect();
-    let present_by_get = missing.iter().filter(|i| t.get(i.to_be_bytes()).unwrap().is_some()).count();
-    println!("missing from iter: {}, of them found by get: {}", missing.len(), present_by_get);
+    let present_by_get = missing
+        .iter()
+        .filter(|i| t.get(i.to_be_bytes()).unwrap().is_some())
+        .count();
+    println!(
+        "missing from iter: {}, of them found by get: {}",
+        missing.len(),
+        present_by_get
+    );
     let back: Vec<u64> = t
         .iter()
         .rev()

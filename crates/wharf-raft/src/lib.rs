@@ -44,8 +44,8 @@ use std::sync::Arc;
 pub use error::RaftError;
 pub use group::Group;
 pub use node::RaftNode;
-pub use sled_files::sync_sled_write;
 pub use peer_auth::{PeerAuth, PeerChannel, PeerCredentials, PEER_SECRET_HEADER};
+pub use sled_files::sync_sled_write;
 
 /// Identifies a node of the cluster.
 pub type NodeId = u64;
