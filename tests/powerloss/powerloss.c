@@ -15,6 +15,13 @@
  * every file under <dir> is replaced by its shadow, and a file without one
  * (never synced) is deleted (tests/src/powerloss.rs).
  *
+ * Across processes: the page cache outlives a killed process, so the
+ * first sync of a file by a process copies the whole file (what an earlier
+ * process wrote and never synced becomes durable with it, as on a real
+ * system); later syncs copy the ranges this process wrote. An ftruncate
+ * since the last sync cuts the shadow first, so space the file grows into
+ * again without being written reads as zeros, not as stale bytes.
+ *
  * Simplifications (documented in docs/RELIABILITY.md): renames and unlinks
  * are durable at once (they are applied to the shadow too); a directory
  * fsync is not needed for a new file to survive; writes through mmap are
@@ -52,6 +59,17 @@ struct tracked_file {
     char rel[PATH_MAX];
     struct range *ranges;
     size_t n_ranges, cap_ranges;
+    /* ftruncate since the last sync: the shortest length it set. A sync
+     * cuts the shadow there first, so a region the file later grows into
+     * without writing it reads as zeros, as on a real file system, not as
+     * the bytes it held before the truncation. */
+    int truncated;
+    off_t min_len;
+    /* Synced at least once by this process. The first sync copies the
+     * whole file: the page cache outlives a killed process, so what an
+     * earlier process wrote and never synced is still in the file, and
+     * this sync makes it durable as well (it is not in `ranges`). */
+    int synced_once;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -71,6 +89,7 @@ static ssize_t (*real_writev)(int, const struct iovec *, int);
 static ssize_t (*real_pwritev)(int, const struct iovec *, int, off_t);
 static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
+static int (*real_ftruncate)(int, off_t);
 static int (*real_close)(int);
 static int (*real_dup)(int);
 static int (*real_dup2)(int, int);
@@ -96,6 +115,7 @@ static void init(void) {
     LOAD(pwritev);
     LOAD(fsync);
     LOAD(fdatasync);
+    LOAD(ftruncate);
     LOAD(close);
     LOAD(dup);
     LOAD(dup2);
@@ -141,6 +161,19 @@ static void shadow_path(char *out, const char *rel) {
     snprintf(out, PATH_MAX, "%s/%s", shadow, rel);
 }
 
+static void copy_range(int src, int dst, off_t off, size_t left) {
+    static char buf[1 << 16];
+    while (left > 0) {
+        size_t n = left < sizeof(buf) ? left : sizeof(buf);
+        ssize_t got = pread(src, buf, n, off);
+        if (got <= 0)
+            break;
+        real_pwrite(dst, buf, (size_t)got, off);
+        off += got;
+        left -= (size_t)got;
+    }
+}
+
 /* Copy what was written to files[i] since its last sync into its shadow. */
 static void sync_file(int i) {
     struct tracked_file *f = &files[i];
@@ -156,23 +189,20 @@ static void sync_file(int i) {
         real_close(src);
         return;
     }
-    static char buf[1 << 16];
-    for (size_t r = 0; r < f->n_ranges; r++) {
-        off_t off = f->ranges[r].off;
-        size_t left = f->ranges[r].len;
-        while (left > 0) {
-            size_t n = left < sizeof(buf) ? left : sizeof(buf);
-            ssize_t got = pread(src, buf, n, off);
-            if (got <= 0)
-                break;
-            real_pwrite(dst, buf, (size_t)got, off);
-            off += got;
-            left -= (size_t)got;
-        }
-    }
     struct stat st;
+    if (f->truncated)
+        real_ftruncate(dst, f->min_len);
+    f->truncated = 0;
+    if (!f->synced_once) {
+        if (fstat(src, &st) == 0)
+            copy_range(src, dst, 0, (size_t)st.st_size);
+    } else {
+        for (size_t r = 0; r < f->n_ranges; r++)
+            copy_range(src, dst, f->ranges[r].off, f->ranges[r].len);
+    }
+    f->synced_once = 1;
     if (fstat(src, &st) == 0)
-        ftruncate(dst, st.st_size);
+        real_ftruncate(dst, st.st_size);
     real_close(dst);
     real_close(src);
     f->n_ranges = 0;
@@ -245,6 +275,8 @@ static void track(int fd) {
         files[found].used = 1;
         snprintf(files[found].rel, PATH_MAX, "%s", rel);
         files[found].n_ranges = 0;
+        files[found].truncated = 0;
+        files[found].synced_once = 0;
     }
     fd_file[fd] = found + 1;
     pthread_mutex_unlock(&lock);
@@ -325,6 +357,27 @@ ssize_t write(int fd, const void *buf, size_t n) {
     if (off >= 0)
         record(fd, off, r);
     return r;
+}
+
+int ftruncate(int fd, off_t len) {
+    init();
+    int r = real_ftruncate(fd, len);
+    if (r == 0 && is_tracked(fd)) {
+        pthread_mutex_lock(&lock);
+        int i = fd_file[fd] - 1;
+        if (i >= 0) {
+            struct tracked_file *f = &files[i];
+            if (!f->truncated || len < f->min_len)
+                f->min_len = len;
+            f->truncated = 1;
+        }
+        pthread_mutex_unlock(&lock);
+    }
+    return r;
+}
+
+int ftruncate64(int fd, off_t len) {
+    return ftruncate(fd, len);
 }
 
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
