@@ -390,7 +390,17 @@ async fn read_back(cluster: &Cluster, admin: &wharf_client::Client) -> Result<Fi
         && (fin.stream.len() as u64) < state.messages
         && empty_rounds < 5
     {
-        let batch = audit.fetch(1000, Duration::from_secs(1)).await?;
+        // A node that has not applied the new consumer yet answers "not
+        // found" (seen once, right after a `member` fault): ask again.
+        let batch = match audit.fetch(1000, Duration::from_secs(1)).await {
+            Ok(batch) => batch,
+            Err(e) if tokio::time::Instant::now() + Duration::from_secs(1) < deadline => {
+                eprintln!("read back: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if batch.is_empty() {
             empty_rounds += 1;
         }
