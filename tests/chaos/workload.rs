@@ -154,15 +154,27 @@ impl Worker {
                     (id, m.stream_seq)
                 })
                 .collect();
+            // The batch's acks go out together (one commit for the lot); if
+            // that fails, each is acked again alone (acks are idempotent) so
+            // the history holds each one's own outcome.
+            let seqs: Vec<u64> = batch.iter().map(|(_, seq)| *seq).collect();
+            let acked = tokio::time::timeout(CALL_TIMEOUT, consumer.ack_each(&seqs)).await;
+            if acked.is_err() {
+                consumer = self.client.consumer(STREAM, CONSUMER);
+            }
+            let all_ok = matches!(acked, Ok(Ok(())));
             for (id, seq) in batch {
                 received += 1;
-                let r = tokio::time::timeout(CALL_TIMEOUT, consumer.ack(seq)).await;
-                let (ok, error) = match r {
-                    Ok(Ok(())) => (true, String::new()),
-                    Ok(Err(e)) => (false, e.to_string()),
-                    Err(_) => {
-                        consumer = self.client.consumer(STREAM, CONSUMER);
-                        (false, format!("no answer within {CALL_TIMEOUT:?}"))
+                let (ok, error) = if all_ok {
+                    (true, String::new())
+                } else {
+                    match tokio::time::timeout(CALL_TIMEOUT, consumer.ack(seq)).await {
+                        Ok(Ok(())) => (true, String::new()),
+                        Ok(Err(e)) => (false, e.to_string()),
+                        Err(_) => {
+                            consumer = self.client.consumer(STREAM, CONSUMER);
+                            (false, format!("no answer within {CALL_TIMEOUT:?}"))
+                        }
                     }
                 };
                 history.push(Event::Ack {

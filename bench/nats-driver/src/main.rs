@@ -9,7 +9,8 @@
 //! - sync publish: `jetstream.publish(..)` then await its ack;
 //! - async publish: up to `--window` ack futures outstanding per publisher;
 //! - worker: fetch `--batch` (expires 500 ms), then `double_ack` each message
-//!   (an ack the server confirms, like Wharf's committed ack);
+//!   (an ack the server confirms, like Wharf's committed ack), all of the
+//!   batch's acks awaited together, as `wharf bench` does with `ack_each`;
 //! - publisher and worker `i` connect to server `i % servers` first.
 //!
 //! `leader --stream NAME` prints the server name of the stream's leader (for
@@ -416,8 +417,9 @@ async fn worker(
             let delivered = m.info().map(|i| i.delivered.max(1) as u64).unwrap_or(1);
             stats.received(&clock, &m.payload, delivered, now);
         }
-        for m in msgs {
-            if m.double_ack().await.is_err() {
+        let acks = futures::future::join_all(msgs.iter().map(|m| m.double_ack())).await;
+        for ack in acks {
+            if ack.is_err() {
                 stats.errors += 1;
                 progress.errors.fetch_add(1, Ordering::Relaxed);
             }

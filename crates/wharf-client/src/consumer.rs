@@ -6,7 +6,7 @@
 //! waiting; closing it (drop, crash, network cut) withdraws its pulls at once.
 //! Messages it received and did not ack go to another worker after AckWait.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,8 +20,11 @@ use crate::Client;
 
 /// Extra time, beyond a pull's own expiry, to wait for the server's verdict.
 const PULL_GRACE: Duration = Duration::from_secs(3);
-/// How long one synchronous ack waits for its reply before the session is reopened.
+/// How long one synchronous ack (or one batch of them) waits for its replies
+/// before the session is reopened.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Acks one `ack_each` call has in flight at once (the rest wait their turn).
+pub const MAX_ACKS_IN_FLIGHT: usize = 512;
 
 #[derive(Debug, Clone)]
 pub struct Message {
@@ -243,11 +246,27 @@ impl Consumer {
 
     /// Acknowledge one message; returns once the ack is committed.
     pub async fn ack(&mut self, stream_seq: u64) -> Result<()> {
-        self.reply(pb::AckRequest {
-            stream_seq,
-            ..Default::default()
-        })
-        .await
+        self.ack_each(&[stream_seq]).await
+    }
+
+    /// Acknowledge each of these messages; returns once every ack is
+    /// committed. All acks (up to `MAX_ACKS_IN_FLIGHT` at a time) are sent
+    /// before any reply is awaited, so the consumer's leader commits them
+    /// together: one Raft entry for the lot instead of one round trip each.
+    /// On an error some of the acks may have been committed; acking again is
+    /// harmless.
+    pub async fn ack_each(&mut self, stream_seqs: &[u64]) -> Result<()> {
+        for chunk in stream_seqs.chunks(MAX_ACKS_IN_FLIGHT) {
+            let acks = chunk
+                .iter()
+                .map(|&stream_seq| pb::AckRequest {
+                    stream_seq,
+                    ..Default::default()
+                })
+                .collect();
+            self.replies(acks).await?;
+        }
+        Ok(())
     }
 
     /// Negative ack: the message goes to a worker again after `delay`
@@ -288,13 +307,19 @@ impl Consumer {
         .await
     }
 
-    /// Send an ack of any kind and wait until it is committed, reopening the
-    /// session as often as needed within the retry window (acks are idempotent).
+    /// Send an ack of any kind and wait until it is committed.
     async fn reply(&mut self, ack: pb::AckRequest) -> Result<()> {
+        self.replies(vec![ack]).await
+    }
+
+    /// Send acks of any kind and wait until each is committed, reopening the
+    /// session and resending those not yet confirmed as often as needed
+    /// within the retry window (acks are idempotent).
+    async fn replies(&mut self, mut acks: Vec<pb::AckRequest>) -> Result<()> {
         let give_up = tokio::time::Instant::now() + self.client.retry_for();
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.ack_once(ack.clone()).await {
+            match self.acks_once(&mut acks).await {
                 Ok(()) => return Ok(()),
                 Err(e) if is_retryable(&e) && tokio::time::Instant::now() < give_up => {
                     self.broken();
@@ -306,38 +331,60 @@ impl Consumer {
         }
     }
 
-    async fn ack_once(&mut self, mut ack: pb::AckRequest) -> Result<()> {
-        let reply_id = self.next_id();
-        ack.reply_id = reply_id;
+    /// One attempt: sends every ack in `acks`, then waits for their replies.
+    /// The acks confirmed are removed from `acks`; an error means some are left.
+    async fn acks_once(&mut self, acks: &mut Vec<pb::AckRequest>) -> Result<()> {
+        for ack in acks.iter_mut() {
+            ack.reply_id = self.next_id();
+        }
         let session = self.open().await?;
-        let req = pb::ConsumeRequest {
-            kind: Some(pb::consume_request::Kind::Ack(ack)),
-        };
-        session
-            .tx
-            .send(req)
-            .await
-            .map_err(|_| ClientError::Timeout("session closed".into()))?;
+        for ack in acks.iter() {
+            let req = pb::ConsumeRequest {
+                kind: Some(pb::consume_request::Kind::Ack(ack.clone())),
+            };
+            session
+                .tx
+                .send(req)
+                .await
+                .map_err(|_| ClientError::Timeout("session closed".into()))?;
+        }
+        let mut waiting: HashSet<u64> = acks.iter().map(|a| a.reply_id).collect();
+        let mut confirmed = HashSet::new();
         let deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
         let mut stash = Vec::new();
-        let result = loop {
+        let mut result = Ok(());
+        while !waiting.is_empty() {
             match tokio::time::timeout_at(deadline, session.rx.message()).await {
-                Err(_) => break Err(tonic::Status::unavailable("no answer to ack").into()),
-                Ok(Err(s)) => break Err(s.into()),
-                Ok(Ok(None)) => break Err(tonic::Status::unavailable("session ended").into()),
+                Err(_) => {
+                    result = Err(tonic::Status::unavailable("no answer to ack").into());
+                    break;
+                }
+                Ok(Err(s)) => {
+                    result = Err(s.into());
+                    break;
+                }
+                Ok(Ok(None)) => {
+                    result = Err(tonic::Status::unavailable("session ended").into());
+                    break;
+                }
                 Ok(Ok(Some(resp))) => match resp.kind {
-                    Some(Kind::AckReply(r)) if r.reply_id == reply_id => {
+                    Some(Kind::AckReply(r)) if waiting.remove(&r.reply_id) => {
                         if r.error.is_empty() {
-                            break Ok(());
+                            confirmed.insert(r.reply_id);
+                        } else {
+                            result = Err(tonic::Status::unavailable(r.error).into());
                         }
-                        break Err(tonic::Status::unavailable(r.error).into());
                     }
                     Some(Kind::Message(m)) => stash.push(Message::from(m)),
                     _ => {}
                 },
             }
-        };
+        }
         self.stash.extend(stash);
+        acks.retain(|a| !confirmed.contains(&a.reply_id));
+        if result.is_ok() && !acks.is_empty() {
+            result = Err(tonic::Status::unavailable("acks not confirmed").into());
+        }
         result
     }
 

@@ -13,11 +13,16 @@
 //! Two entry points, both syncing every blob file that is new or has grown
 //! since it was last synced (and then the blob directory) *before* the main
 //! file:
-//! - [`SledFiles::sync`] runs after each `flush_async` of the node's flusher;
-//!   only after it returns are writes reported durable.
 //! - [`sync_sled_write`] is what the `wharf` executable runs in place of
 //!   sled's `sync_file_range` (`crates/wharf/src/sled_sync.rs`), so each log
 //!   write sled considers stable is on disk with its blobs.
+//! - [`SledFiles::sync`] runs after each `flush_async` of the node's flusher;
+//!   only after it returns are writes reported durable. Once
+//!   `sync_sled_write` has run in this process it does nothing: sled's flush
+//!   returns only when every buffer up to then was written *and* synced
+//!   through `sync_sled_write`, so a second `fdatasync` would only cost time
+//!   (measured in docs/BENCHMARKS.md, "The sync path"). Without the
+//!   interposer (library tests, other executables) it syncs itself.
 //!
 //! sled's periodic flush thread is off (`flush_every_ms(None)` where the node
 //! opens its database): its plain `fsync` of the main file would make
@@ -32,30 +37,72 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Blob files already fsynced, with their length then, per blob directory
 /// (those still present at the last sync). Shared by both entry points.
 static SYNCED_BLOBS: Mutex<Option<HashMap<PathBuf, HashMap<OsString, u64>>>> = Mutex::new(None);
 
+/// Set once sled's syncs are known to go through [`sync_sled_write`].
+static SLED_SYNCS_INTERPOSED: AtomicBool = AtomicBool::new(false);
+
+/// Blob directory of each open [`SledFiles`]' main file, by (device,
+/// inode), so a sync needs no `readlink`. An entry lives exactly as long as
+/// its `SledFiles` (which holds the file open), so an inode cannot be reused
+/// by another file meanwhile.
+static BLOB_DIRS: Mutex<Option<BlobDirs>> = Mutex::new(None);
+
+/// Blob directory by the (device, inode) of the sled main file beside it.
+type BlobDirs = HashMap<(u64, u64), PathBuf>;
+
+fn blob_dirs() -> io::Result<std::sync::MutexGuard<'static, Option<BlobDirs>>> {
+    BLOB_DIRS
+        .lock()
+        .map_err(|_| io::Error::other("blob directory registry lock poisoned"))
+}
+
 /// Handles on a sled database's files, for syncing them.
 pub(crate) struct SledFiles {
     dir: PathBuf,
     db_file: File,
+    /// Key of `db_file` in `BLOB_DIRS`.
+    key: (u64, u64),
+}
+
+impl Drop for SledFiles {
+    fn drop(&mut self) {
+        if let Ok(mut dirs) = blob_dirs() {
+            if let Some(dirs) = dirs.as_mut() {
+                dirs.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl SledFiles {
     /// `dir` is the path sled was opened with; the database must be open.
     pub(crate) fn open(dir: &Path) -> io::Result<SledFiles> {
+        let db_file = File::open(dir.join("db"))?;
+        let meta = db_file.metadata()?;
+        let key = (meta.dev(), meta.ino());
+        blob_dirs()?
+            .get_or_insert_with(HashMap::new)
+            .insert(key, dir.join("blobs"));
         Ok(SledFiles {
             dir: dir.to_path_buf(),
-            db_file: File::open(dir.join("db"))?,
+            db_file,
+            key,
         })
     }
 
     /// Everything sled wrote before this call is on disk when it returns Ok.
     pub(crate) fn sync(&mut self) -> io::Result<()> {
+        if SLED_SYNCS_INTERPOSED.load(Ordering::Acquire) {
+            return Ok(());
+        }
         sync_blobs(&self.dir.join("blobs"))?;
         self.db_file.sync_data()
     }
@@ -66,17 +113,32 @@ impl SledFiles {
 pub fn sync_sled_write(fd: std::os::unix::io::RawFd) -> io::Result<()> {
     use std::mem::ManuallyDrop;
     use std::os::unix::io::FromRawFd;
-    if let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{fd}")) {
-        if path.file_name().is_some_and(|n| n == "db") {
-            if let Some(dir) = path.parent() {
-                sync_blobs(&dir.join("blobs"))?;
-            }
-        }
-    }
     // SAFETY: the caller (sled) keeps `fd` open for the whole call, and
     // `ManuallyDrop` means it is never closed here.
     let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
-    file.sync_data()
+    if let Some(blobs) = blob_dir_of(&file, fd)? {
+        sync_blobs(&blobs)?;
+    }
+    file.sync_data()?;
+    SLED_SYNCS_INTERPOSED.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// The blob directory beside `fd` if it is a sled main file (named `db`):
+/// from the registry, or else (a database not yet handed to a `SledFiles`,
+/// such as during sled's recovery at open) from the file's path.
+fn blob_dir_of(file: &File, fd: std::os::unix::io::RawFd) -> io::Result<Option<PathBuf>> {
+    let meta = file.metadata()?;
+    if let Some(dir) = blob_dirs()?
+        .as_ref()
+        .and_then(|dirs| dirs.get(&(meta.dev(), meta.ino())))
+    {
+        return Ok(Some(dir.clone()));
+    }
+    Ok(std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .ok()
+        .filter(|path| path.file_name().is_some_and(|n| n == "db"))
+        .and_then(|path| path.parent().map(|dir| dir.join("blobs"))))
 }
 
 /// fsync every blob in `blobs` that is new or has grown since its last sync,

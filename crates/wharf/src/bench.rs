@@ -8,8 +8,8 @@
 //!   majority fsync) or pipelined over one `PublishStream` per publisher with
 //!   at most `--window` acks outstanding;
 //! - workers share the consumer: each loops `fetch(--batch)` then acks every
-//!   message synchronously (the committed ack the client offers; ack-all is
-//!   not implemented server-side yet);
+//!   message of the batch with `Consumer::ack_each` (each ack committed; the
+//!   batch's acks are sent together and awaited together);
 //! - with `--pub 0` the stream is first filled (unmeasured) and the workers
 //!   drain it, which measures the work queue alone.
 //!
@@ -358,7 +358,8 @@ async fn publish_async(
     Ok(stats)
 }
 
-/// One pull worker: fetch a batch, ack each message, until the target count
+/// One pull worker: fetch a batch, ack each message (all of the batch's acks
+/// in flight together, each confirmed once committed), until the target count
 /// is reached or nothing arrived for `IDLE_LIMIT` after publishing ended.
 async fn worker(
     client: Client,
@@ -391,14 +392,15 @@ async fn worker(
         for m in &msgs {
             stats.received(&clock, &m.payload, m.delivered, now);
         }
-        for m in msgs {
-            if let Err(e) = consumer.ack(m.stream_seq).await {
-                stats.errors += 1;
-                progress.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!("ack failed: {e}");
-            }
-            progress.consumed.fetch_add(1, Ordering::Relaxed);
+        let seqs: Vec<u64> = msgs.iter().map(|m| m.stream_seq).collect();
+        if let Err(e) = consumer.ack_each(&seqs).await {
+            stats.errors += 1;
+            progress.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("acks failed: {e}");
         }
+        progress
+            .consumed
+            .fetch_add(seqs.len() as u64, Ordering::Relaxed);
     }
     consumer.close();
     Ok(stats)
