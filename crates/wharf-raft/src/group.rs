@@ -206,6 +206,11 @@ impl Group {
         self.inner.status.borrow().clone()
     }
 
+    /// The leader this node knows of now, without copying the status.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.inner.status.borrow().leader
+    }
+
     /// A receiver updated on every metrics change.
     pub fn watch(&self) -> watch::Receiver<GroupStatus> {
         self.inner.status.clone()

@@ -273,6 +273,17 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// Run `f`, which blocks for a while, without stalling the other tasks of
+/// this runtime worker (on a multi-threaded runtime; elsewhere just runs it).
+fn blocking_in_place<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 impl RaftStateMachine<TypeConfig> for SmStore {
     type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
@@ -323,7 +334,9 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
-        let local = {
+        // Restoring a big stream takes seconds: let the runtime move this
+        // worker's other tasks (RPCs, heartbeats) elsewhere meanwhile.
+        let local = blocking_in_place(|| {
             let mut sm = self
                 .sm
                 .lock()
@@ -333,15 +346,15 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                 // what it left out is still in the state machine's storage.
                 sm.restore_local(&snapshot.bytes)
                     .map_err(|e| io_err(format!("state machine restore: {e}")))?;
-                snapshot.bytes
+                Ok(snapshot.bytes)
             } else {
                 sm.restore(&snapshot.bytes)
                     .map_err(|e| io_err(format!("state machine restore: {e}")))?;
                 // Store it the way this node's own snapshots are stored.
                 sm.snapshot()
-                    .map_err(|e| io_err(format!("state machine snapshot: {e}")))?
+                    .map_err(|e| io_err(format!("state machine snapshot: {e}")))
             }
-        };
+        })?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.snapshots.save(meta, &local).await

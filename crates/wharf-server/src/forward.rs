@@ -141,7 +141,8 @@ pub fn onward_admin<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
     Ok(req)
 }
 
-fn onward_unbounded<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
+/// [`onward`] without a deadline, for long-lived streams.
+pub fn onward_unbounded<T>(msg: T, hops: u32) -> Result<tonic::Request<T>> {
     if hops >= MAX_HOPS {
         return Err(ServerError::Unavailable(
             "request forwarded too many times: leadership is moving; retry".into(),

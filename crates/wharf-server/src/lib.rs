@@ -40,6 +40,7 @@ pub mod metrics;
 mod metrics_http;
 pub mod metrics_text;
 mod node;
+mod publish_pipe;
 mod reflection;
 mod removal;
 mod replica_mover;

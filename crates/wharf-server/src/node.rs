@@ -142,11 +142,19 @@ impl NodeInner {
         self.config.node_id
     }
 
+    /// A copy of the catalog. Hot paths (publish, sessions) use
+    /// [`Self::with_catalog`] instead: a copy costs O(streams + consumers).
     pub fn catalog(&self) -> Catalog {
-        self.meta_sm
-            .lock()
-            .map(|m| m.catalog().clone())
-            .unwrap_or_default()
+        self.with_catalog(Catalog::clone)
+    }
+
+    /// Read the catalog in place, under the meta state machine's lock (keep
+    /// `f` short: the meta group's apply waits for it).
+    pub fn with_catalog<R>(&self, f: impl FnOnce(&Catalog) -> R) -> R {
+        match self.meta_sm.lock() {
+            Ok(m) => f(m.catalog()),
+            Err(_) => f(&Catalog::default()),
+        }
     }
 
     pub fn local_stream(&self, name: &str) -> Option<Arc<LocalStream>> {

@@ -70,19 +70,19 @@ impl NodeInner {
     }
 
     pub async fn find_stream(&self, name: &str) -> Result<StreamEntry> {
-        if let Ok(e) = self.catalog().stream(name) {
-            return Ok(e.clone());
+        if let Ok(e) = self.with_catalog(|c| c.stream(name).cloned()) {
+            return Ok(e);
         }
         self.catalog_grace().await;
-        Ok(self.catalog().stream(name)?.clone())
+        self.with_catalog(|c| c.stream(name).cloned())
     }
 
     pub async fn find_consumer(&self, stream: &str, name: &str) -> Result<ConsumerEntry> {
-        if let Ok(e) = self.catalog().consumer(stream, name) {
-            return Ok(e.clone());
+        if let Ok(e) = self.with_catalog(|c| c.consumer(stream, name).cloned()) {
+            return Ok(e);
         }
         self.catalog_grace().await;
-        Ok(self.catalog().consumer(stream, name)?.clone())
+        self.with_catalog(|c| c.consumer(stream, name).cloned())
     }
 
     /// Wait (bounded) until a group created through the catalog runs here
@@ -127,7 +127,7 @@ impl NodeInner {
     /// consumer was created can be removed without it. Bounded: answers
     /// Unavailable (the create may be retried; it is idempotent) after 10 s.
     pub async fn wait_retention_registered(&self, stream: &str, name: &str) -> Result<()> {
-        let retention = self.catalog().stream(stream)?.config.retention;
+        let retention = self.with_catalog(|c| c.stream(stream).map(|e| e.config.retention))?;
         if retention == wharf_core::stream::RetentionPolicy::Limits {
             return Ok(());
         }

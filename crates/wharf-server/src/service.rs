@@ -11,8 +11,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -24,7 +25,8 @@ use crate::auth::{authorize, Action, Principal};
 use crate::error::{Result, ServerError};
 use crate::forward::{hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
-use crate::node::NodeInner;
+use crate::node::{LocalStream, NodeInner};
+use crate::publish_pipe::{Piped, PublishPipes, Target};
 use crate::request_check::check_publish;
 use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
 use crate::routing::Route;
@@ -36,6 +38,15 @@ const CLUSTER_ADMIN: &str = "$cluster";
 
 /// Publishes in flight on one PublishStream call.
 const PUBLISH_WINDOW: usize = 1024;
+
+/// Streams a connection's peer may reset before this node accepted them,
+/// before the connection is closed (hyper's rapid-reset guard; its default is
+/// 20). Raft peers reset many such streams when this node is slow for a few
+/// seconds (every heartbeat that times out is one), and at 20 the guard shut
+/// the connection every ten seconds or so, taking a snapshot being sent over
+/// it along: a new node never caught up (docs/RELIABILITY.md, bug 7). Still
+/// a bound, so a flood of resets still closes the connection.
+const MAX_PENDING_ACCEPT_RESETS: usize = 1024;
 
 pub async fn serve(
     node: Arc<NodeInner>,
@@ -87,6 +98,7 @@ pub async fn serve(
     }
     let result = builder
         .tcp_nodelay(true)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .http2_keepalive_interval(Some(Duration::from_secs(5)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .layer(metered)
@@ -120,8 +132,8 @@ pub(crate) type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>>
 impl WharfService {
     async fn publish_once(&self, msg: pb::PublishRequest, hops: u32) -> Result<pb::PublishAck> {
         let node = &self.node;
-        let entry = match node.catalog().stream_for_subject(&msg.subject) {
-            Some(e) => e.clone(),
+        let entry = match node.with_catalog(|c| c.stream_for_subject(&msg.subject).cloned()) {
+            Some(e) => e,
             None => match node.route_meta().await? {
                 Route::Local => {
                     return Err(ServerError::NotFound(format!(
@@ -147,19 +159,7 @@ impl WharfService {
             Route::Local => {
                 let local =
                     local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
-                let msg_id = Some(msg.msg_id).filter(|id| !id.is_empty());
-                let mut headers: Vec<(String, String)> = msg.headers.into_iter().collect();
-                headers.sort_unstable();
-                let outcome = local
-                    .writer
-                    .publish(msg.subject, msg.payload, msg_id, headers)
-                    .await?;
-                Ok(pb::PublishAck {
-                    stream: entry.config.name,
-                    seq: outcome.seq,
-                    duplicate: outcome.duplicate,
-                    ..Default::default()
-                })
+                enqueue_local(&local, entry.config.name, msg).await?.await
             }
             Route::Remote(n) => Ok(node
                 .peers
@@ -167,6 +167,49 @@ impl WharfService {
                 .publish(onward(msg, hops)?)
                 .await?
                 .into_inner()),
+        }
+    }
+
+    /// [`Self::publish`] for a message of a `PublishStream`, started now so
+    /// that the stream's messages are stored in the order they came: queued
+    /// on this node's writer when it leads the stream, sent down the pipe to
+    /// the leader when another node does (`publish_pipe`), else (leader not
+    /// known here, or the stream not local) the unary way. Whatever could
+    /// not be answered that way (the pipe broke, leadership moved) is
+    /// published again the unary way, which re-routes and retries.
+    async fn publish_in_order(
+        self: &Arc<Self>,
+        pipes: &mut PublishPipes,
+        msg: pb::PublishRequest,
+        hops: u32,
+    ) -> BoxFuture<'static, Result<pb::PublishAck>> {
+        let s = self.clone();
+        match pipes.route_now(&msg.subject) {
+            Some(Target::Local(stream, local)) => {
+                match enqueue_local(&local, stream, msg.clone()).await {
+                    Ok(ack) => async move {
+                        match ack.await {
+                            Err(ServerError::Unavailable(_) | ServerError::NotLeader { .. }) => {
+                                s.publish(msg, hops).await
+                            }
+                            other => other,
+                        }
+                    }
+                    .boxed(),
+                    Err(_) => async move { s.publish(msg, hops).await }.boxed(),
+                }
+            }
+            Some(Target::Remote(leader)) => {
+                let piped = pipes.send(leader, msg.clone()).await;
+                async move {
+                    match piped.await {
+                        Piped::Ack(ack) => Ok(ack),
+                        Piped::Fallback => s.publish(msg, hops).await,
+                    }
+                }
+                .boxed()
+            }
+            None => async move { s.publish(msg, hops).await }.boxed(),
         }
     }
 
@@ -372,18 +415,22 @@ impl Wharf for WharfService {
         let (tx, rx) = mpsc::channel(PUBLISH_WINDOW);
         tokio::spawn(async move {
             let service = Arc::new(service);
-            let mut inflight = FuturesOrdered::new();
+            let mut pipes = PublishPipes::new(service.node.clone(), hops, PUBLISH_WINDOW);
+            let mut inflight: FuturesOrdered<BoxFuture<'static, Result<pb::PublishAck>>> =
+                FuturesOrdered::new();
             let mut open = true;
             while open || !inflight.is_empty() {
                 tokio::select! {
                     m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
                         Ok(Some(msg)) => {
-                            let s = service.clone();
-                            let allowed = principal.check(Action::publish(&msg.subject));
-                            inflight.push_back(async move {
-                                allowed?;
-                                s.publish(msg, hops).await
-                            });
+                            let allowed = principal
+                                .check(Action::publish(&msg.subject))
+                                .and_then(|()| check_publish(&service.node.config.limits, &msg));
+                            let publish = match allowed {
+                                Ok(()) => service.publish_in_order(&mut pipes, msg, hops).await,
+                                Err(e) => async move { Err(e) }.boxed(),
+                            };
+                            inflight.push_back(publish);
                         }
                         _ => open = false,
                     },
@@ -687,4 +734,29 @@ pub(crate) fn truncate_reason(reason: &str) -> String {
         end -= 1;
     }
     reason[..end].to_string()
+}
+
+/// Queue `msg` on this node's writer for `stream` (this node leads it); the
+/// future of its ack.
+async fn enqueue_local(
+    local: &LocalStream,
+    stream: String,
+    msg: pb::PublishRequest,
+) -> Result<impl std::future::Future<Output = Result<pb::PublishAck>> + Send + 'static> {
+    let msg_id = Some(msg.msg_id).filter(|id| !id.is_empty());
+    let mut headers: Vec<(String, String)> = msg.headers.into_iter().collect();
+    headers.sort_unstable();
+    let outcome = local
+        .writer
+        .enqueue(msg.subject, msg.payload, msg_id, headers)
+        .await?;
+    Ok(async move {
+        let outcome = outcome.await?;
+        Ok(pb::PublishAck {
+            stream,
+            seq: outcome.seq,
+            duplicate: outcome.duplicate,
+            ..Default::default()
+        })
+    })
 }

@@ -36,14 +36,17 @@ impl StreamWriter {
         StreamWriter { tx }
     }
 
-    /// Queue one publish; answers once its batch is committed and applied.
-    pub async fn publish(
+    /// Queue one publish and return at once with the future of its outcome,
+    /// which answers once its batch is committed and applied. Publishes
+    /// queued one after another by one caller are stored in that order (a
+    /// `PublishStream` relies on it).
+    pub async fn enqueue(
         &self,
         subject: String,
         payload: Bytes,
         msg_id: Option<String>,
         headers: Vec<(String, String)>,
-    ) -> Result<PublishOutcome> {
+    ) -> Result<impl std::future::Future<Output = Result<PublishOutcome>> + Send + 'static> {
         let (reply, rx) = oneshot::channel();
         let item = PublishItem {
             subject,
@@ -55,8 +58,10 @@ impl StreamWriter {
             .send((item, reply))
             .await
             .map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?;
-        rx.await
-            .map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?
+        Ok(async move {
+            rx.await
+                .map_err(|_| ServerError::Unavailable("stream is shutting down".into()))?
+        })
     }
 }
 
