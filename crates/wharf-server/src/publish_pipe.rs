@@ -17,9 +17,10 @@
 //! - Bounded: at most [`MAX_PIPES`] pipes per incoming stream, each with at
 //!   most `capacity` messages queued (the incoming stream's window).
 //!
-//! [`PublishPipes::route_now`] also says when this node leads the stream
-//! itself: the caller then queues the message on the stream's writer at
-//! once, so a stream's messages are stored in the order they arrived.
+//! `WharfService::publish_in_order` (here) routes each message of a
+//! `PublishStream`: down a pipe, or, when this node leads the stream itself
+//! ([`PublishPipes::route_now`]), onto the stream's writer at once, so a
+//! stream's messages are stored in the order they arrived.
 //!
 //! Left out: keeping that order across a failover (messages that fall back
 //! are retried independently) and for messages whose leader is not known
@@ -29,13 +30,17 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use wharf_proto::v1 as pb;
 use wharf_raft::NodeId;
 
+use crate::error::{Result, ServerError};
 use crate::forward::{onward_unbounded, FORWARD_TIMEOUT};
 use crate::node::{LocalStream, NodeInner};
+use crate::service::WharfService;
 
 /// Pipes one incoming stream may hold open (one per leader it publishes to).
 const MAX_PIPES: usize = 8;
@@ -183,4 +188,74 @@ impl PublishPipes {
             broken,
         })
     }
+}
+
+impl WharfService {
+    /// [`Self::publish`] for a message of a `PublishStream`, started now so
+    /// that the stream's messages are stored in the order they came: queued
+    /// on this node's writer when it leads the stream, sent down the pipe to
+    /// the leader when another node does (`publish_pipe`), else (leader not
+    /// known here, or the stream not local) the unary way. Whatever could
+    /// not be answered that way (the pipe broke, leadership moved) is
+    /// published again the unary way, which re-routes and retries.
+    pub(crate) async fn publish_in_order(
+        self: &Arc<Self>,
+        pipes: &mut PublishPipes,
+        msg: pb::PublishRequest,
+        hops: u32,
+    ) -> BoxFuture<'static, Result<pb::PublishAck>> {
+        let s = self.clone();
+        match pipes.route_now(&msg.subject) {
+            Some(Target::Local(stream, local)) => {
+                match enqueue_local(&local, stream, msg.clone()).await {
+                    Ok(ack) => async move {
+                        match ack.await {
+                            Err(ServerError::Unavailable(_) | ServerError::NotLeader { .. }) => {
+                                s.publish(msg, hops).await
+                            }
+                            other => other,
+                        }
+                    }
+                    .boxed(),
+                    Err(_) => async move { s.publish(msg, hops).await }.boxed(),
+                }
+            }
+            Some(Target::Remote(leader)) => {
+                let piped = pipes.send(leader, msg.clone()).await;
+                async move {
+                    match piped.await {
+                        Piped::Ack(ack) => Ok(ack),
+                        Piped::Fallback => s.publish(msg, hops).await,
+                    }
+                }
+                .boxed()
+            }
+            None => async move { s.publish(msg, hops).await }.boxed(),
+        }
+    }
+}
+
+/// Queue `msg` on this node's writer for `stream` (this node leads it); the
+/// future of its ack.
+pub(crate) async fn enqueue_local(
+    local: &LocalStream,
+    stream: String,
+    msg: pb::PublishRequest,
+) -> Result<impl std::future::Future<Output = Result<pb::PublishAck>> + Send + 'static> {
+    let msg_id = Some(msg.msg_id).filter(|id| !id.is_empty());
+    let mut headers: Vec<(String, String)> = msg.headers.into_iter().collect();
+    headers.sort_unstable();
+    let outcome = local
+        .writer
+        .enqueue(msg.subject, msg.payload, msg_id, headers)
+        .await?;
+    Ok(async move {
+        let outcome = outcome.await?;
+        Ok(pb::PublishAck {
+            stream,
+            seq: outcome.seq,
+            duplicate: outcome.duplicate,
+            ..Default::default()
+        })
+    })
 }

@@ -25,8 +25,8 @@ use crate::auth::{authorize, Action, Principal};
 use crate::error::{Result, ServerError};
 use crate::forward::{hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
-use crate::node::{LocalStream, NodeInner};
-use crate::publish_pipe::{Piped, PublishPipes, Target};
+use crate::node::NodeInner;
+use crate::publish_pipe::{enqueue_local, PublishPipes};
 use crate::request_check::check_publish;
 use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
 use crate::routing::Route;
@@ -167,49 +167,6 @@ impl WharfService {
                 .publish(onward(msg, hops)?)
                 .await?
                 .into_inner()),
-        }
-    }
-
-    /// [`Self::publish`] for a message of a `PublishStream`, started now so
-    /// that the stream's messages are stored in the order they came: queued
-    /// on this node's writer when it leads the stream, sent down the pipe to
-    /// the leader when another node does (`publish_pipe`), else (leader not
-    /// known here, or the stream not local) the unary way. Whatever could
-    /// not be answered that way (the pipe broke, leadership moved) is
-    /// published again the unary way, which re-routes and retries.
-    async fn publish_in_order(
-        self: &Arc<Self>,
-        pipes: &mut PublishPipes,
-        msg: pb::PublishRequest,
-        hops: u32,
-    ) -> BoxFuture<'static, Result<pb::PublishAck>> {
-        let s = self.clone();
-        match pipes.route_now(&msg.subject) {
-            Some(Target::Local(stream, local)) => {
-                match enqueue_local(&local, stream, msg.clone()).await {
-                    Ok(ack) => async move {
-                        match ack.await {
-                            Err(ServerError::Unavailable(_) | ServerError::NotLeader { .. }) => {
-                                s.publish(msg, hops).await
-                            }
-                            other => other,
-                        }
-                    }
-                    .boxed(),
-                    Err(_) => async move { s.publish(msg, hops).await }.boxed(),
-                }
-            }
-            Some(Target::Remote(leader)) => {
-                let piped = pipes.send(leader, msg.clone()).await;
-                async move {
-                    match piped.await {
-                        Piped::Ack(ack) => Ok(ack),
-                        Piped::Fallback => s.publish(msg, hops).await,
-                    }
-                }
-                .boxed()
-            }
-            None => async move { s.publish(msg, hops).await }.boxed(),
         }
     }
 
@@ -734,29 +691,4 @@ pub(crate) fn truncate_reason(reason: &str) -> String {
         end -= 1;
     }
     reason[..end].to_string()
-}
-
-/// Queue `msg` on this node's writer for `stream` (this node leads it); the
-/// future of its ack.
-async fn enqueue_local(
-    local: &LocalStream,
-    stream: String,
-    msg: pb::PublishRequest,
-) -> Result<impl std::future::Future<Output = Result<pb::PublishAck>> + Send + 'static> {
-    let msg_id = Some(msg.msg_id).filter(|id| !id.is_empty());
-    let mut headers: Vec<(String, String)> = msg.headers.into_iter().collect();
-    headers.sort_unstable();
-    let outcome = local
-        .writer
-        .enqueue(msg.subject, msg.payload, msg_id, headers)
-        .await?;
-    Ok(async move {
-        let outcome = outcome.await?;
-        Ok(pb::PublishAck {
-            stream,
-            seq: outcome.seq,
-            duplicate: outcome.duplicate,
-            ..Default::default()
-        })
-    })
 }
