@@ -298,7 +298,9 @@ impl Dispatcher {
     /// Plans up to `max_batch` deliveries at `now_ms`. Pulls expired at
     /// `now_ms` are removed first (reported as [`PullEnd::Expired`]). Then
     /// redeliveries whose AckWait ran out (skipping those in flight; those
-    /// the stream lost go to [`Plan::gone`]), then new messages matching the
+    /// the stream lost go to [`Plan::gone`]; those above `stream`'s last
+    /// sequence wait, since `stream` may be a replica that has not stored
+    /// them yet), then new messages matching the
     /// consumer's filter, as MaxAckPending allows. Each message goes to the
     /// pull at the front of the queue, which moves to the back if it wants
     /// more, or is reported [`PullEnd::Done`]. Planned seqs are in flight
@@ -347,6 +349,12 @@ impl Dispatcher {
             if self.inflight.contains_key(&seq) {
                 continue;
             }
+            // The stream copy planned from trails the one that stored it (a
+            // consumer leader whose stream replica is catching up): the
+            // message is not here yet, which does not make it gone.
+            if seq > stream.last_seq() {
+                continue;
+            }
             if stream.get(seq).is_none() {
                 plan.gone.push(seq);
                 self.inflight.insert(seq, false);
@@ -378,6 +386,10 @@ impl Dispatcher {
             }
             if self.inflight.contains_key(&seq) {
                 continue;
+            }
+            // Not in this (trailing) copy of the stream yet: wait, in order.
+            if seq > stream.last_seq() {
+                break;
             }
             match stream.get(seq) {
                 None => {

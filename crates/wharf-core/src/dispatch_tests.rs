@@ -265,3 +265,32 @@ fn nothing_waiting_plans_nothing() {
     assert!(d.plan(&c, &s, 0, 100).is_empty());
     assert_eq!(d.num_inflight(), 0);
 }
+
+/// Chaos run seed 2030 (docs/RELIABILITY.md, bug 8): a new consumer leader
+/// planned from its node's stream replica, which trailed the stream's
+/// leader, and declared the pending messages it could not find gone.
+#[test]
+fn a_trailing_stream_replica_does_not_make_pending_messages_gone() {
+    let mut full = stream(&["a"]);
+    publish(&mut full, "a", 3);
+    let mut c = consumer(None, -1);
+    let mut d = Dispatcher::new();
+    d.add_pull(1, 1, 3, None, 10).unwrap();
+    let p = dispatch(&mut d, &mut c, &full, 0);
+    assert_eq!(who(&p), vec![(1, 1), (1, 2), (1, 3)]);
+
+    // A new leader whose stream replica has stored only seqs 1 and 2 yet.
+    let mut trailing = stream(&["a"]);
+    publish(&mut trailing, "a", 2);
+    let mut d = Dispatcher::new();
+    d.add_pull(2, 1, 10, None, 100_000).unwrap();
+    let p = dispatch(&mut d, &mut c, &trailing, 5000);
+    assert!(p.gone.is_empty(), "gone: {:?}", p.gone);
+    assert_eq!(who(&p), vec![(2, 1), (2, 2)]);
+    assert!(c.pending(3).is_some(), "seq 3 must stay pending");
+
+    // Once the replica has caught up, seq 3 is redelivered.
+    let p = dispatch(&mut d, &mut c, &full, 5000);
+    assert!(p.gone.is_empty(), "gone: {:?}", p.gone);
+    assert_eq!(who(&p), vec![(2, 3)]);
+}

@@ -463,6 +463,13 @@ impl StreamState {
         self.msgs.get(&seq)
     }
 
+    /// The last sequence assigned (0 if none): a `seq` above it is not
+    /// stored *yet* as far as this copy of the stream knows (a replica that
+    /// trails its leader), which is not the same as removed.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
     /// First stored sequence after `after_seq` whose subject matches `filter`
     /// (`None` matches everything).
     pub fn next_matching(&self, after_seq: u64, filter: Option<&str>) -> Option<u64> {
