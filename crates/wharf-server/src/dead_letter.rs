@@ -19,7 +19,8 @@
 //!
 //! Left out: a copy whose dead-letter subject no stream captures is dropped
 //! (logged, not counted), as a publish to such a subject would be refused;
-//! a message the stream already removed is dropped the same way.
+//! a message the stream already removed is dropped the same way. (One this
+//! node's stream replica has not stored yet waits for it.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -51,6 +52,9 @@ pub struct DeadLetterTask {
     pub sm: Arc<Mutex<ConsumerMachine>>,
     pub changes: watch::Receiver<u64>,
     pub stream_tree: sled::Tree,
+    /// Last sequence this node's stream replica has stored: a message above
+    /// it is not here *yet* (the replica trails), which is not "gone".
+    pub stream_last_seq: watch::Receiver<u64>,
 }
 
 /// One outbox entry ready to publish.
@@ -115,7 +119,13 @@ impl DeadLetterTask {
             .ok_or_else(|| ServerError::Unavailable("node is shutting down".into()))?;
         let service = WharfService::new(node);
         let (mut published, mut dropped) = (Vec::new(), Vec::new());
+        let stored_up_to = *self.stream_last_seq.borrow();
         for e in entries {
+            // Not stored here yet: wait for this replica to catch up rather
+            // than drop the copy (docs/RELIABILITY.md, bug 8).
+            if e.seq > stored_up_to {
+                break;
+            }
             let Some(msg) = read_message(&self.stream_tree, e.seq)? else {
                 tracing::warn!(stream = %self.stream, seq = e.seq, "dead-letter copy dropped: message gone");
                 dropped.push(e.seq);
@@ -146,6 +156,11 @@ impl DeadLetterTask {
                 Err(e) if published.is_empty() && dropped.is_empty() => return Err(e),
                 Err(_) => break,
             }
+        }
+        if published.is_empty() && dropped.is_empty() {
+            return Err(ServerError::Unavailable(
+                "this node's stream replica has not stored the dead letters yet".into(),
+            ));
         }
         let cmd = ConsumerCommand::DeadLettered { published, dropped };
         self.group.write(bincode::serialize(&cmd)?).await?;

@@ -588,6 +588,7 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
             sm: sm.clone(),
             changes: changes.clone(),
             stream_tree: stream.tree.clone(),
+            stream_last_seq: stream.last_seq.clone(),
         }
         .spawn();
         let runtime = ConsumerRuntime::spawn(RuntimeContext {
