@@ -16,6 +16,15 @@
 //! than that, every one timed out, retries included, and the follower never
 //! caught up (a 20.5 s stall in the 30-minute chaos run). The slowness is
 //! injected with `WHARF_FAULT_SLOW_APPEND_MS` on node 2 only.
+//!
+//! `a_burst_of_streams_reset_before_they_are_accepted_keeps_the_connection`
+//! (bug 7): a Raft peer resets every heartbeat it gave up waiting for, and
+//! when a node is slow for a few seconds dozens of such streams are reset
+//! before the node's server has accepted them. hyper's rapid-reset guard
+//! (20 by default) then closed the connection with GOAWAY every ~10 s,
+//! cutting the snapshot sent over it, so a new node never caught up. The
+//! test sends such a burst on one HTTP/2 connection and checks that the
+//! connection still serves a call afterwards.
 
 use std::time::{Duration, Instant};
 
@@ -337,5 +346,67 @@ async fn resumed_follower_does_not_depose_a_healthy_leader() -> anyhow::Result<(
         },
     )
     .await?;
+    Ok(())
+}
+
+/// Streams reset before the server accepted them, in one burst: far more
+/// than hyper's default guard (20), well under the node's (1,024), and under
+/// the server's limit of concurrent streams.
+const RESETS_IN_A_BURST: usize = 150;
+
+/// One HTTP/2 request to the node's gRPC health service, headers only.
+fn health_check_request(addr: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a valid request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_streams_reset_before_they_are_accepted_keeps_the_connection(
+) -> anyhow::Result<()> {
+    let cluster = Cluster::start(1).await?;
+    let addr = cluster.node(1).addr.clone();
+    let tcp = tokio::net::TcpStream::connect(&addr).await?;
+    tcp.set_nodelay(true)?;
+    let (mut h2, connection) = h2::client::handshake(tcp).await?;
+    let connection = tokio::spawn(connection);
+    h2 = h2.ready().await?;
+
+    // Open each stream and drop it at once: the client sends HEADERS and
+    // then RST_STREAM(CANCEL), all in the same flush, so the server reads
+    // the resets before it gets to accept the streams.
+    for _ in 0..RESETS_IN_A_BURST {
+        let (response, send) = h2.send_request(health_check_request(&addr), false)?;
+        drop((response, send));
+    }
+
+    // The same connection still serves a call: the health check answers
+    // 200 with grpc-status 0 (a GOAWAY would fail the request instead).
+    let mut h2 = h2.ready().await?;
+    let (response, mut send) = h2.send_request(health_check_request(&addr), false)?;
+    // An empty HealthCheckRequest: uncompressed, zero-length gRPC frame.
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer on the connection within 10 s"))??;
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        chunk?;
+    }
+    let trailers = body.trailers().await?.unwrap_or_default();
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..]),
+        "trailers {trailers:?}"
+    );
+    assert!(
+        !connection.is_finished(),
+        "the server closed the connection after {RESETS_IN_A_BURST} resets"
+    );
     Ok(())
 }
