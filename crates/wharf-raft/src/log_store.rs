@@ -5,9 +5,15 @@
 //! `committed`, `last_purged` and (written by [`crate::sm_store`]) `snapshot`.
 //!
 //! Invariants:
-//! - `append` applies one atomic `sled::Batch`, so its entries are readable by
-//!   every reader as soon as it returns; the flush callback goes to the node's
-//!   group-commit [`Flusher`] and fires only after fsync.
+//! - `append` inserts its entries one by one in index order, so they are
+//!   readable by every reader as soon as it returns; the flush callback goes
+//!   to the node's group-commit [`Flusher`] and fires only after fsync. It
+//!   uses no `sled::Batch`: sled 0.34 writes out its current IO buffer before
+//!   and after every batch, and each of those writes is an `fdatasync` of the
+//!   node's database (`crate::sled_files`), so a batch per append cost two
+//!   extra syncs. All-or-nothing is not needed: sled recovers a prefix of its
+//!   writes, so a crash leaves a prefix of the entries (never a hole), and
+//!   entries whose callback had not fired are not counted by any leader.
 //! - `save_vote` returns only after a flush that covers the vote.
 //! - `truncate_after` and `purge` are single atomic batches and leave no hole.
 //!   They need no flush of their own: sled recovers a prefix of its writes, and
@@ -219,12 +225,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 "injected storage fault (WHARF_FAULT_FAIL_GROUP)",
             ));
         }
-        let mut batch = sled::Batch::default();
+        // Key by key in index order, not as one `sled::Batch`: see the
+        // module docs.
         for entry in entries {
             let bytes = encode(&entry).map_err(io_err)?;
-            batch.insert(&index_key(entry.log_id.index), bytes);
+            self.log
+                .insert(index_key(entry.log_id.index), bytes)
+                .map_err(io_err)?;
         }
-        self.log.apply_batch(batch).map_err(io_err)?;
         self.flusher.submit_log(callback).await
     }
 

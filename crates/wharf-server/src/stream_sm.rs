@@ -163,7 +163,7 @@ impl StreamMachine {
     }
 
     fn publish(&mut self, now_ms: i64, items: Vec<PublishItem>) -> PublishResults {
-        let mut batch = sled::Batch::default();
+        let mut writes = PayloadWrites::default();
         let mut results = Vec::with_capacity(items.len());
         for item in items {
             let size = item.payload.len() as u64;
@@ -182,11 +182,11 @@ impl StreamMachine {
                         headers: item.headers,
                     };
                     match bincode::serialize(&stored) {
-                        Ok(v) => batch.insert(&appended.seq.to_be_bytes(), v),
+                        Ok(v) => writes.insert(appended.seq, v),
                         Err(e) => tracing::error!("encode message: {e}"),
                     }
                     for seq in appended.removed {
-                        batch.remove(&seq.to_be_bytes());
+                        writes.remove(seq);
                     }
                     results.push(Ok(PublishOutcome {
                         seq: appended.seq,
@@ -196,27 +196,61 @@ impl StreamMachine {
                 Err(e) => results.push(Err(ServerError::from(e))),
             }
         }
-        self.write(batch);
+        self.write(writes);
         results
     }
 
     /// Deletes the payloads of removed messages; answers how many.
     fn remove(&mut self, seqs: Vec<u64>) -> u64 {
-        let mut batch = sled::Batch::default();
+        let mut writes = PayloadWrites::default();
         for seq in &seqs {
-            batch.remove(&seq.to_be_bytes());
+            writes.remove(*seq);
         }
-        self.write(batch);
+        self.write(writes);
         seqs.len() as u64
     }
 
-    fn write(&self, batch: sled::Batch) {
+    fn write(&self, writes: PayloadWrites) {
         // A failed payload write cannot be undone in a replicated apply; the
         // Raft log still holds the message, so log loudly and go on.
-        if let Err(e) = self.tree.apply_batch(batch) {
+        if let Err(e) = writes.apply(&self.tree) {
             tracing::error!("stream payload write failed: {e}");
         }
         self.last_seq.send_replace(self.state.stats().last_seq);
+    }
+}
+
+/// The payload inserts and removals of one applied entry, in order.
+///
+/// Applied key by key, not as one `sled::Batch`: sled 0.34 writes out its
+/// current IO buffer before and after every batch (`pin_log`), and each such
+/// write is an `fdatasync` (`wharf_raft::sync_sled_write`), so a batch per
+/// applied entry cost two syncs of the node's whole database on every
+/// replica (docs/BENCHMARKS.md, "sled batches"). Atomicity is not needed
+/// here: after a crash the state machine is rebuilt from its snapshot and
+/// the log after it, and replaying an entry rewrites the same keys.
+#[derive(Default)]
+struct PayloadWrites {
+    ops: Vec<(u64, Option<Vec<u8>>)>,
+}
+
+impl PayloadWrites {
+    fn insert(&mut self, seq: u64, value: Vec<u8>) {
+        self.ops.push((seq, Some(value)));
+    }
+
+    fn remove(&mut self, seq: u64) {
+        self.ops.push((seq, None));
+    }
+
+    fn apply(self, tree: &sled::Tree) -> sled::Result<()> {
+        for (seq, value) in self.ops {
+            match value {
+                Some(v) => tree.insert(seq.to_be_bytes(), v)?,
+                None => tree.remove(seq.to_be_bytes())?,
+            };
+        }
+        Ok(())
     }
 }
 
