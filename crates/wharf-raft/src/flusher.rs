@@ -1,11 +1,17 @@
-//! Group commit: one background task per node that makes writes durable.
+//! Group commit: one thread per node that makes writes durable.
 //!
 //! Writers (log appends of every group, votes, snapshots, explicit
 //! [`crate::RaftNode::flush`] calls) first apply their write to sled, then hand
 //! a completion to the flusher over a bounded channel. The flusher takes
-//! everything queued, calls `db.flush_async()` once and then fsyncs sled's
-//! files (`sled_files`: sled's flush alone is not an fsync), then completes
-//! all of them in FIFO order.
+//! everything queued, calls `db.flush()` once and then fsyncs sled's files
+//! if sled's own syncs are not fsyncs (`sled_files`), then completes all of
+//! them in FIFO order.
+//!
+//! It is a dedicated thread, not a task: `flush_async` hands each flush to
+//! sled's thread pool and back through a future, and the fsync of
+//! `sled_files` went through `spawn_blocking`; each of those hand-offs is a
+//! thread wake-up on the path of every commit, and on our 2-core machines a
+//! wake-up is tens of microseconds (docs/BENCHMARKS.md, "Fewer hand-offs").
 //!
 //! Invariants:
 //! - A completion is only ever signalled `Ok` after a flush that *started after*
@@ -13,20 +19,17 @@
 //!   and the flush starts after it was dequeued). So `Ok` means "on disk".
 //! - Completions are signalled in queue order, so per-group order holds.
 //! - A failed flush fails every completion of that batch; nothing panics.
-//! - On stop, whatever is still queued gets one last flush, then the task ends
-//!   and drops its `Db` handle; later submissions fail with an error.
+//! - On stop, whatever is still queued gets one last flush, then the thread
+//!   ends and drops its `Db` handle; later submissions fail with an error.
 //!
 //! Not here: retrying failed flushes (a storage error stops the affected groups).
 
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::Mutex;
 
 use openraft::storage::IOFlushed;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 use crate::sled_files::SledFiles;
 use crate::types::io_err;
@@ -41,6 +44,8 @@ enum Waiter {
     Log(IOFlushed<TypeConfig>),
     /// Anyone awaiting a flush (vote, snapshot, `RaftNode::flush`).
     Notify(oneshot::Sender<Result<(), String>>),
+    /// Flush what is queued, then end the thread.
+    Stop,
 }
 
 impl Waiter {
@@ -51,6 +56,7 @@ impl Waiter {
                 // The waiter may have given up; nothing to do then.
                 let _ = tx.send(res.clone());
             }
+            Waiter::Stop => {}
         }
     }
 }
@@ -61,25 +67,31 @@ pub(crate) struct Flusher {
     tx: mpsc::Sender<Waiter>,
 }
 
-/// Owned by the node: stops the flusher task and waits for it.
+/// Owned by the node: stops the flusher thread and waits for it.
 pub(crate) struct FlusherTask {
-    stop: Option<oneshot::Sender<()>>,
-    join: Option<JoinHandle<()>>,
+    tx: mpsc::Sender<Waiter>,
+    /// Answers once the thread has ended and dropped its `Db`.
+    done: Option<oneshot::Receiver<()>>,
 }
 
 impl Flusher {
-    /// Starts the flusher task for `db`, opened at `dir`, on the current
-    /// tokio runtime.
+    /// Starts the flusher thread for `db`, opened at `dir`.
     pub(crate) fn spawn(db: sled::Db, dir: &Path) -> io::Result<(Flusher, FlusherTask)> {
-        let files = Arc::new(Mutex::new(SledFiles::open(dir)?));
+        let files = SledFiles::open(dir)?;
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let join = tokio::spawn(run(db, files, rx, stop_rx));
+        let (done_tx, done_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("wharf-flusher".into())
+            .spawn(move || {
+                run(&db, files, rx);
+                drop(db);
+                let _ = done_tx.send(());
+            })?;
         Ok((
-            Flusher { tx },
+            Flusher { tx: tx.clone() },
             FlusherTask {
-                stop: Some(stop_tx),
-                join: Some(join),
+                tx,
+                done: Some(done_rx),
             },
         ))
     }
@@ -113,41 +125,34 @@ impl Flusher {
 }
 
 impl FlusherTask {
-    /// Flushes what is queued, stops the task and waits until it has dropped
-    /// its database handle. Idempotent.
+    /// Flushes what is queued, stops the thread and waits until it has
+    /// dropped its database handle. Idempotent.
     pub(crate) async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(join) = self.join.take() {
-            if let Err(e) = join.await {
-                tracing::error!(error = %e, "flusher task failed");
-            }
+        let Some(done) = self.done.take() else {
+            return;
+        };
+        // A send error means the thread is already gone.
+        let _ = self.tx.send(Waiter::Stop).await;
+        if done.await.is_err() {
+            tracing::error!("flusher thread ended without reporting");
         }
     }
 }
 
-async fn run(
-    db: sled::Db,
-    files: Arc<Mutex<SledFiles>>,
-    mut rx: mpsc::Receiver<Waiter>,
-    mut stop: oneshot::Receiver<()>,
-) {
+fn run(db: &sled::Db, mut files: SledFiles, mut rx: mpsc::Receiver<Waiter>) {
     let mut batch: Vec<Waiter> = Vec::new();
-    loop {
-        let first = tokio::select! {
-            biased;
-            _ = &mut stop => break,
-            w = rx.recv() => match w {
-                Some(w) => w,
-                None => break,
-            },
+    let mut stopping = false;
+    while !stopping {
+        let Some(first) = rx.blocking_recv() else {
+            break;
         };
+        stopping = matches!(first, Waiter::Stop);
         batch.push(first);
         while let Ok(w) = rx.try_recv() {
+            stopping |= matches!(w, Waiter::Stop);
             batch.push(w);
         }
-        flush_and_complete(&db, &files, &mut batch).await;
+        flush_and_complete(db, &mut files, &mut batch);
     }
     // Stopping: refuse new work, then give what is queued one last flush.
     rx.close();
@@ -155,23 +160,15 @@ async fn run(
         batch.push(w);
     }
     if !batch.is_empty() {
-        flush_and_complete(&db, &files, &mut batch).await;
+        flush_and_complete(db, &mut files, &mut batch);
     }
     tracing::debug!("flusher stopped");
 }
 
-async fn flush_and_complete(db: &sled::Db, files: &Arc<Mutex<SledFiles>>, batch: &mut Vec<Waiter>) {
-    let res = match db.flush_async().await {
+fn flush_and_complete(db: &sled::Db, files: &mut SledFiles, batch: &mut Vec<Waiter>) {
+    let res = match db.flush() {
         // sled's flush is not an fsync (see `sled_files`): finish it.
-        Ok(_) => {
-            let files = files.clone();
-            let synced = tokio::task::spawn_blocking(move || match files.lock() {
-                Ok(mut f) => f.sync().map_err(|e| format!("fsync: {e}")),
-                Err(_) => Err("sled files lock poisoned".to_string()),
-            })
-            .await;
-            synced.unwrap_or_else(|e| Err(format!("fsync task: {e}")))
-        }
+        Ok(_) => files.sync().map_err(|e| format!("fsync: {e}")),
         Err(e) => Err(format!("flush: {e}")),
     };
     if let Err(e) = &res {
