@@ -9,9 +9,9 @@
 # Starts a three-node nats-server JetStream cluster (Debian's package, 2.9.x)
 # on 127.0.0.1:4222-4224 and a three-node Wharf cluster (three
 # `target/release/wharf server` processes) on 127.0.0.1:7101-7103, runs each
-# workload on both, alternating which goes first, then a failover run on each
-# (kill -9 of the stream leader under sync publishing), then measures disk
-# used per message and the servers' peak RSS. Raw reports land in
+# workload on both, alternating which goes first, then takes the servers'
+# peak RSS, measures disk used per message on fresh clusters, and makes a
+# failover run on each (kill -9 of the stream leader under sync publishing). Raw reports land in
 # bench/results/<stamp>/raw/, the summary in bench/results/<stamp>.json and
 # bench/results/<stamp>.svg (bench/summarize.py).
 #
@@ -156,10 +156,27 @@ failover() {
   wait_ready "$broker"
 }
 
-# Disk used by 100,000 messages of 128 B at R3, summed over the three nodes.
+# Stop a broker's three nodes, wipe their data and start them again.
+fresh_cluster() {
+  local broker=$1 i
+  for i in 1 2 3; do
+    if [ "$broker" = wharf ]; then kill "${WHARF_PID[$i]}"; wait "${WHARF_PID[$i]}" 2>/dev/null || true
+    else kill "${NATS_PID[$i]}"; wait "${NATS_PID[$i]}" 2>/dev/null || true; fi
+  done
+  if [ "$broker" = wharf ]; then rm -rf "$RUN"/wharf-n?; else rm -rf "$RUN"/nats-n?; fi
+  for i in 1 2 3; do
+    if [ "$broker" = wharf ]; then start_wharf_node "$i"; else start_nats_node "$i"; fi
+  done
+  wait_ready "$broker"
+}
+
+# Disk used by 100,000 messages of 128 B at R3, summed over the three nodes,
+# on a fresh cluster: on one that ran the workloads before, sled reuses the
+# space of the deleted streams, and the growth says little.
 disk() {
   local broker=$1 before after
   local dirs
+  fresh_cluster "$broker"
   if [ "$broker" = wharf ]; then dirs="$RUN/wharf-n1 $RUN/wharf-n2 $RUN/wharf-n3"; else dirs="$RUN/nats-n1 $RUN/nats-n2 $RUN/nats-n3"; fi
   sync
   before=$(du -sbc $dirs | tail -1 | cut -f1)
@@ -212,10 +229,10 @@ for rep in $(seq 1 "$REPS"); do
     fi
   done
 done
-disk wharf
-disk nats
 memory wharf
 memory nats
+disk wharf
+disk nats
 failover wharf
 failover nats
 find "$OUT/raw" -name "*.err" -empty -delete

@@ -1,8 +1,11 @@
 //! Criterion benchmarks of the log append and flush path, through
 //! wharf-raft's public API only:
-//! - `sled_batch_then_flush`: a sled batch of N entries (128 B values, as
-//!   the log store writes an append) followed by `RaftNode::flush`, i.e. one
+//! - `sled_inserts_then_flush`: N single-key inserts (128 B values, as the
+//!   log store writes an append) followed by `RaftNode::flush`, i.e. one
 //!   fsync through the node's group-commit flusher;
+//! - `sled_batch_then_flush`: the same N entries as one `sled::Batch` (how
+//!   the log store wrote an append until 2026-12-01: sled writes out its IO
+//!   buffer before and after every batch, so this shows what that cost);
 //! - `group_write`: a one-node group's `Group::write` (propose, append,
 //!   fsync, commit, apply of a trivial state machine), one at a time and 64
 //!   concurrent writes (which the flusher covers with shared fsyncs).
@@ -61,9 +64,25 @@ fn sled_append(c: &mut Criterion) {
         .expect("open");
     let tree = node.db().open_tree("bench.log").expect("tree");
     let value = vec![7u8; 128];
-    let mut g = c.benchmark_group("sled_batch_then_flush");
+    let mut g = c.benchmark_group("sled_inserts_then_flush");
     g.sample_size(30);
     let mut key = 0u64;
+    for n in [1u64, 16, 256] {
+        g.throughput(Throughput::Elements(n));
+        g.bench_function(format!("{n}_entries"), |b| {
+            b.iter(|| {
+                for _ in 0..n {
+                    key += 1;
+                    tree.insert(key.to_be_bytes(), value.as_slice())
+                        .expect("insert");
+                }
+                rt.block_on(node.flush()).expect("flush");
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group("sled_batch_then_flush");
+    g.sample_size(30);
     for n in [1u64, 16, 256] {
         g.throughput(Throughput::Elements(n));
         g.bench_function(format!("{n}_entries"), |b| {

@@ -39,7 +39,7 @@ use wharf_raft::{Group, RaftError, Role};
 
 use crate::consumer_sm::{AckKind, ConsumerCommand, ConsumerMachine, ConsumerResponse};
 use crate::error::ServerError;
-use crate::stream_sm::{read_message, StreamMachine};
+use crate::stream_sm::{read_messages, StreamMachine};
 use crate::util::now_ms;
 
 mod pulls;
@@ -585,19 +585,24 @@ impl Runner {
     fn deliver(&mut self, assignments: Vec<Assignment>, resp: ConsumerResponse) {
         let by_seq: HashMap<u64, &Assignment> =
             assignments.iter().map(|a| (a.stream_seq, a)).collect();
-        for d in resp.deliveries() {
+        let deliveries = resp.deliveries();
+        let seqs: Vec<u64> = deliveries.iter().map(|d| d.stream_seq).collect();
+        // Each payload block once for the whole batch.
+        let mut stored = match read_messages(&self.ctx.stream_tree, &seqs) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!("read messages {seqs:?}: {e}");
+                Default::default()
+            }
+        };
+        for d in deliveries {
             let Some(a) = by_seq.get(&d.stream_seq) else {
                 continue;
             };
-            let msg = match read_message(&self.ctx.stream_tree, d.stream_seq) {
-                Ok(Some(m)) => m,
-                // Removed by limits since planning: it stays pending and is
-                // dropped on its next redelivery attempt.
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::error!("read message {}: {e}", d.stream_seq);
-                    continue;
-                }
+            // Not found: removed by limits since planning. It stays pending
+            // and is dropped on its next redelivery attempt.
+            let Some(msg) = stored.remove(&d.stream_seq) else {
+                continue;
             };
             let message = pb::Message {
                 subject: msg.subject,

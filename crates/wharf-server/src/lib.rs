@@ -40,6 +40,7 @@ pub mod metrics;
 mod metrics_http;
 pub mod metrics_text;
 mod node;
+mod payload_blocks;
 mod publish_pipe;
 mod reflection;
 mod removal;

@@ -2,9 +2,9 @@
 //!
 //! `wharf_core::stream::StreamState` decides sequences and what the limits
 //! remove; this wrapper stores each message (subject, publish time, payload)
-//! in the stream's own sled tree under its big-endian sequence, and deletes
-//! what the limits remove. Replaying the log rewrites the same keys, so apply
-//! is idempotent at the storage level.
+//! in the stream's own sled tree, in blocks of consecutive sequences
+//! (`payload_blocks`), and deletes what the limits remove. Replaying the log
+//! rewrites the same keys, so apply is idempotent at the storage level.
 //!
 //! Commands: `Publish` (a batch; each item may carry a message id for the
 //! duplicate window), `Expire` (age limit and duplicate window, proposed by
@@ -89,14 +89,8 @@ pub type PublishResults = Vec<std::result::Result<PublishOutcome, ServerError>>;
 /// What `Purge` and `DeleteMsg` answer: how many messages were removed.
 pub type RemovedCount = std::result::Result<u64, ServerError>;
 
-/// A stored message as kept in the payload tree.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StoredMessage {
-    pub subject: String,
-    pub published_ms: i64,
-    pub payload: Bytes,
-    pub headers: Vec<(String, String)>,
-}
+use crate::payload_blocks::PayloadWrites;
+pub use crate::payload_blocks::StoredMessage;
 
 /// A stream snapshot. As stored on its own node `messages` is empty: the
 /// payloads are in the stream's tree, flushed before the snapshot was stored.
@@ -121,13 +115,7 @@ struct Snapshot {
 fn expand_snapshot(tree: &sled::Tree, stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
     let mut snap: Snapshot = bincode::deserialize(stored).map_err(|e| e.to_string())?;
     let last_seq = snap.state.stats().last_seq;
-    snap.messages.clear();
-    for kv in tree.range(..=last_seq.to_be_bytes()) {
-        let (k, v) = kv.map_err(|e| e.to_string())?;
-        let seq = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| "bad key")?);
-        snap.messages
-            .push((seq, bincode::deserialize(&v).map_err(|e| e.to_string())?));
-    }
+    snap.messages = crate::payload_blocks::read_up_to(tree, last_seq).map_err(|e| e.to_string())?;
     bincode::serialize(&snap).map_err(|e| e.to_string())
 }
 
@@ -181,10 +169,7 @@ impl StreamMachine {
                         payload: item.payload,
                         headers: item.headers,
                     };
-                    match bincode::serialize(&stored) {
-                        Ok(v) => writes.insert(appended.seq, v),
-                        Err(e) => tracing::error!("encode message: {e}"),
-                    }
+                    writes.insert(appended.seq, stored);
                     for seq in appended.removed {
                         writes.remove(seq);
                     }
@@ -220,46 +205,17 @@ impl StreamMachine {
     }
 }
 
-/// The payload inserts and removals of one applied entry, in order.
-///
-/// Applied key by key, not as one `sled::Batch`: sled 0.34 writes out its
-/// current IO buffer before and after every batch (`pin_log`), and each such
-/// write is an `fdatasync` (`wharf_raft::sync_sled_write`), so a batch per
-/// applied entry cost two syncs of the node's whole database on every
-/// replica (docs/BENCHMARKS.md, "sled batches"). Atomicity is not needed
-/// here: after a crash the state machine is rebuilt from its snapshot and
-/// the log after it, and replaying an entry rewrites the same keys.
-#[derive(Default)]
-struct PayloadWrites {
-    ops: Vec<(u64, Option<Vec<u8>>)>,
-}
-
-impl PayloadWrites {
-    fn insert(&mut self, seq: u64, value: Vec<u8>) {
-        self.ops.push((seq, Some(value)));
-    }
-
-    fn remove(&mut self, seq: u64) {
-        self.ops.push((seq, None));
-    }
-
-    fn apply(self, tree: &sled::Tree) -> sled::Result<()> {
-        for (seq, value) in self.ops {
-            match value {
-                Some(v) => tree.insert(seq.to_be_bytes(), v)?,
-                None => tree.remove(seq.to_be_bytes())?,
-            };
-        }
-        Ok(())
-    }
-}
-
 /// Read a stored message by sequence from a stream's payload tree.
 pub fn read_message(tree: &sled::Tree, seq: u64) -> Result<Option<StoredMessage>> {
-    match tree.get(seq.to_be_bytes())? {
-        Some(v) => Ok(Some(bincode::deserialize(&v)?)),
-        None => Ok(None),
-    }
+    crate::payload_blocks::read(tree, seq)
+}
+
+/// Read many stored messages (those not stored are absent from the map).
+pub fn read_messages(
+    tree: &sled::Tree,
+    seqs: &[u64],
+) -> Result<std::collections::BTreeMap<u64, StoredMessage>> {
+    crate::payload_blocks::read_many(tree, seqs)
 }
 
 impl StateMachine for StreamMachine {
@@ -360,15 +316,7 @@ impl StateMachine for StreamMachine {
 
     fn restore(&mut self, data: &[u8]) -> std::result::Result<(), String> {
         let snap: Snapshot = bincode::deserialize(data).map_err(|e| e.to_string())?;
-        self.tree.clear().map_err(|e| e.to_string())?;
-        let mut batch = sled::Batch::default();
-        for (seq, msg) in &snap.messages {
-            batch.insert(
-                &seq.to_be_bytes(),
-                bincode::serialize(msg).map_err(|e| e.to_string())?,
-            );
-        }
-        self.tree.apply_batch(batch).map_err(|e| e.to_string())?;
+        crate::payload_blocks::write_all(&self.tree, snap.messages).map_err(|e| e.to_string())?;
         self.state = snap.state;
         self.config_revision = snap.config_revision;
         self.last_seq.send_replace(self.state.stats().last_seq);
@@ -406,14 +354,10 @@ mod tests {
     }
 
     fn payloads(sm: &StreamMachine) -> Vec<(u64, String)> {
-        sm.tree
-            .iter()
-            .map(|kv| {
-                let (k, v) = kv.unwrap();
-                let m: StoredMessage = bincode::deserialize(&v).unwrap();
-                let seq = u64::from_be_bytes(k.as_ref().try_into().unwrap());
-                (seq, String::from_utf8_lossy(&m.payload).into_owned())
-            })
+        crate::payload_blocks::read_up_to(&sm.tree, u64::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, m)| (seq, String::from_utf8_lossy(&m.payload).into_owned()))
             .collect()
     }
 
