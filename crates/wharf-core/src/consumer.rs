@@ -224,6 +224,24 @@ impl ConsumerState {
         gone: &[u64],
         now_ms: i64,
     ) -> Vec<Delivery> {
+        self.apply_deliver_after(stream_seqs, gone, now_ms, None)
+    }
+
+    /// [`Self::apply_deliver`] for a plan made while earlier plans were in
+    /// flight: `first_after` is the position (`delivered.stream_seq`) its
+    /// first deliveries were planned to follow. If the consumer is not there
+    /// when the entry applies (an earlier plan failed, or applied out of
+    /// order), its first deliveries are skipped, so the position never jumps
+    /// over a message nobody was given; they are planned again. Redeliveries
+    /// and `gone` apply either way.
+    pub fn apply_deliver_after(
+        &mut self,
+        stream_seqs: &[u64],
+        gone: &[u64],
+        now_ms: i64,
+        first_after: Option<u64>,
+    ) -> Vec<Delivery> {
+        let stale_firsts = first_after.is_some_and(|after| after != self.delivered.stream_seq);
         for seq in gone {
             self.remove_pending(*seq);
             self.backlog.remove(seq);
@@ -232,7 +250,12 @@ impl ConsumerState {
         let delivered_ms = self.last_delivered_ms;
         let mut out = Vec::with_capacity(stream_seqs.len());
         for &seq in stream_seqs {
-            let deliveries = if seq > self.delivered.stream_seq || self.backlog.remove(&seq) {
+            let deliveries = if seq > self.delivered.stream_seq {
+                if stale_firsts {
+                    continue;
+                }
+                1
+            } else if self.backlog.remove(&seq) {
                 1
             } else if let Some(p) = self.pending.get(&seq) {
                 self.by_consumer_seq.remove(&p.consumer_seq);

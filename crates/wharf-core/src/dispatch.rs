@@ -4,17 +4,20 @@
 //! messages"). The consumer's Raft leader keeps those requests here, in
 //! memory, and [`Dispatcher::plan`]s which message goes to which request.
 //! The caller proposes the plan through Raft
-//! ([`crate::ConsumerState::apply_deliver`] with the assignments' stream
-//! seqs and [`Plan::gone`]), sends messages only after the commit (matching
+//! ([`crate::ConsumerState::apply_deliver_after`] with the assignments'
+//! stream seqs, [`Plan::gone`] and [`Plan::first_after`]), sends messages
+//! only after the commit (matching
 //! the returned deliveries to assignments by stream seq), then calls
 //! [`Dispatcher::settle`].
 //!
 //! Invariants:
 //! - a stream seq is planned at most once while it is in flight (proposed
 //!   but not applied), so two workers never get the same delivery;
-//! - first deliveries in flight count against MaxAckPending, and at most one
-//!   proposal with first deliveries is in flight at a time (so a failed one
-//!   can never be overtaken by a later one);
+//! - first deliveries in flight count against MaxAckPending; several plans
+//!   with first deliveries may be in flight, each naming the position it
+//!   follows ([`Plan::first_after`]), so one applied after an earlier plan
+//!   failed delivers none of its new messages instead of skipping the failed
+//!   plan's (they are planned again once nothing is in flight);
 //! - pulls are served round-robin: one message to the pull at the front,
 //!   which then goes to the back if it wants more;
 //! - a pull is reported exactly once as finished (done or expired); pulls
@@ -123,6 +126,11 @@ pub struct Plan {
     pub exhausted: Vec<u64>,
     /// Pulls that ended (expired before planning, or filled by this plan).
     pub finished: Vec<FinishedPull>,
+    /// With first deliveries of new messages: the consumer position they
+    /// follow (the last first delivery of the plans still in flight, or the
+    /// consumer's own). Propose it with the plan for
+    /// [`ConsumerState::apply_deliver_after`].
+    pub first_after: Option<u64>,
 }
 
 impl Plan {
@@ -371,13 +379,11 @@ impl Dispatcher {
             let size = stream.get(seq).map_or(0, |m| m.size);
             self.assign(&mut plan, &elig, seq, size, true);
         }
-        // First deliveries go out one proposal at a time: if a proposal with
-        // first deliveries failed while an older one was still in flight and
-        // then applied, the consumer's position would pass over the failed
-        // messages and never deliver them. Redeliveries may overlap freely.
-        if self.inflight_new > 0 {
-            return plan;
-        }
+        // First deliveries may be planned while earlier ones are in flight:
+        // each plan names the position it follows (`first_after`), and its
+        // apply skips them unless the consumer is there, so a failed plan
+        // overtaken by a later one cannot make the position pass over its
+        // messages.
         let mut room = consumer.ack_pending_room(self.inflight_new);
         // First deliveries of the backlog (a last-per-subject start), in order.
         for seq in consumer.backlog_iter() {
@@ -413,6 +419,7 @@ impl Dispatcher {
             if !self.assign(&mut plan, &elig, seq, size, false) {
                 break;
             }
+            plan.first_after.get_or_insert(after);
             self.cursor = seq;
             after = seq;
             room -= 1;

@@ -119,15 +119,20 @@ fn inflight_seqs_are_not_planned_twice_and_count_against_max_ack_pending() {
     let p1 = d.plan(&c, &s, 0, 2);
     assert_eq!(who(&p1), vec![(1, 1), (1, 2)]);
     assert_eq!(d.num_inflight(), 2);
-    // Not applied yet: no second proposal of first deliveries meanwhile.
-    assert!(d.plan(&c, &s, 0, 100).assignments.is_empty());
-    c.apply_deliver(&p1.stream_seqs(), &[], 0);
-    d.settle(&p1.stream_seqs());
-    // Two pending of three allowed: one slot left.
+    assert_eq!(p1.first_after, Some(0));
+    // Not applied yet, but they count against MaxAckPending: one slot left
+    // for a second plan, which follows the first.
     let p2 = d.plan(&c, &s, 0, 100);
     assert_eq!(who(&p2), vec![(1, 3)]);
-    c.apply_deliver(&p2.stream_seqs(), &[], 0);
-    d.settle(&p2.stream_seqs());
+    assert_eq!(p2.first_after, Some(2));
+    assert!(
+        d.plan(&c, &s, 0, 100).assignments.is_empty(),
+        "3 outstanding"
+    );
+    for p in [p1, p2] {
+        c.apply_deliver_after(&p.stream_seqs(), &[], 0, p.first_after);
+        d.settle(&p.stream_seqs());
+    }
     assert!(d.plan(&c, &s, 0, 100).assignments.is_empty(), "3 pending");
     c.apply_ack(&[2]);
     assert_eq!(who(&d.plan(&c, &s, 0, 100)), vec![(1, 4)]);
@@ -293,4 +298,36 @@ fn a_trailing_stream_replica_does_not_make_pending_messages_gone() {
     let p = dispatch(&mut d, &mut c, &full, 5000);
     assert!(p.gone.is_empty(), "gone: {:?}", p.gone);
     assert_eq!(who(&p), vec![(2, 3)]);
+}
+
+#[test]
+fn a_plan_overtaking_a_failed_one_delivers_none_of_its_new_messages() {
+    let mut s = stream(&["a"]);
+    publish(&mut s, "a", 3);
+    let mut c = consumer(None, -1);
+    let mut d = Dispatcher::new();
+    d.add_pull(1, 1, 10, None, 10).unwrap();
+    let p1 = d.plan(&c, &s, 0, 1);
+    let p2 = d.plan(&c, &s, 0, 1);
+    let p3 = d.plan(&c, &s, 0, 1);
+    assert_eq!(
+        [p1.stream_seqs(), p2.stream_seqs(), p3.stream_seqs()],
+        [[1], [2], [3]]
+    );
+    // p2 fails; p1 and p3 commit. p3 followed p2, so applying it must not
+    // move the position past 2, which nobody was given.
+    d.settle(&p2.stream_seqs());
+    let got1 = c.apply_deliver_after(&p1.stream_seqs(), &[], 0, p1.first_after);
+    d.settle(&p1.stream_seqs());
+    let got3 = c.apply_deliver_after(&p3.stream_seqs(), &[], 0, p3.first_after);
+    d.settle(&p3.stream_seqs());
+    assert_eq!(got1.len(), 1);
+    assert!(got3.is_empty(), "{got3:?}");
+    assert_eq!(c.delivered().stream_seq, 1);
+    // Nothing in flight: planning starts again from the position.
+    let again = d.plan(&c, &s, 0, 10);
+    assert_eq!(again.stream_seqs(), [2, 3]);
+    assert_eq!(again.first_after, Some(1));
+    let got = c.apply_deliver_after(&again.stream_seqs(), &[], 0, again.first_after);
+    assert_eq!(got.iter().map(|g| g.stream_seq).collect::<Vec<_>>(), [2, 3]);
 }

@@ -3,10 +3,12 @@
 //! Random sequences of operations drive one [`StreamState`], one
 //! [`ConsumerState`] and one [`Dispatcher`] the way the server's consumer
 //! runtime does: `plan`, propose, then either apply the proposal
-//! (`apply_deliver` + `apply_exhausted`) or fail it, and `settle` the plan's
-//! `all_seqs()` either way; several proposals may be in flight at once and
-//! are applied in proposal order (the Raft log's order). Acks of every kind
-//! and config edits are applied at once, as their own Raft entries would be.
+//! (`apply_deliver_after` + `apply_exhausted`) or fail it, and `settle` the plan's
+//! `all_seqs()` either way; several proposals may be in flight at once
+//! (first deliveries too: each plan names the position it follows) and are
+//! applied in proposal order (the Raft log's order) or, sometimes, newest
+//! first (a proposal retried while the leader's lease is unsure reaches the
+//! log after a later one). Acks of every kind and config edits are applied at once, as their own Raft entries would be.
 //!
 //! Next to the real types runs a reference model written independently with
 //! plain maps: what is stored, what is pending (deliveries, delivery time,
@@ -114,6 +116,9 @@ enum Op {
         max_batch: u8,
     },
     ApplyOldest,
+    /// The newest proposal is committed first (proposals can reach the log
+    /// out of order, e.g. one retried while the leader's lease is unsure).
+    ApplyNewest,
     /// The newest proposal fails (Raft: a suffix of the log is lost).
     FailNewest,
     /// Every proposal in flight fails.
@@ -252,6 +257,7 @@ fn op(profile: Profile) -> impl Strategy<Value = Op> {
         5 => (1..8u8).prop_map(|max_batch| Op::Dispatch { max_batch }),
         3 => (1..8u8).prop_map(|max_batch| Op::Propose { max_batch }),
         3 => Just(Op::ApplyOldest),
+        1 => Just(Op::ApplyNewest),
         2 => Just(match failures {
             Failures::Never => Op::ApplyOldest,
             Failures::Newest => Op::FailNewest,
@@ -374,6 +380,9 @@ struct Sim {
     waiting: VecDeque<MPull>,
     next_pull_id: u64,
     inflight: VecDeque<InFlight>,
+    /// The last first delivery planned while first deliveries are in flight
+    /// (0 once none is): the next plan's first deliveries follow it.
+    chain: u64,
 
     // What was seen before, for the monotonic checks.
     prev_floor: SeqPair,
@@ -441,6 +450,7 @@ impl Sim {
             waiting: VecDeque::new(),
             next_pull_id: 1,
             inflight: VecDeque::new(),
+            chain: 0,
             prev_floor: SeqPair::default(),
             prev_delivered: SeqPair::default(),
             stats: Stats::default(),
@@ -476,6 +486,13 @@ impl Sim {
     fn frontier(&self) -> u64 {
         let inflight = self.inflight.iter().flat_map(|f| f.firsts.iter().copied());
         inflight.fold(self.delivered.stream_seq, u64::max)
+    }
+
+    /// A proposal left the flight (applied or failed).
+    fn settled_one(&mut self) {
+        if self.inflight_firsts() == 0 {
+            self.chain = 0;
+        }
     }
 
     fn run(&mut self, ops: &[Op]) -> Check {
@@ -571,6 +588,11 @@ impl Sim {
             Op::ApplyOldest => {
                 if !self.inflight.is_empty() {
                     self.apply_oldest()?;
+                }
+            }
+            Op::ApplyNewest => {
+                if !self.inflight.is_empty() {
+                    self.apply(self.inflight.len() - 1)?;
                 }
             }
             Op::FailNewest => {
@@ -787,7 +809,13 @@ impl Sim {
 
         // Each planned seq: not in flight, planned once, and allowed.
         let mut planned = BTreeSet::new();
-        let mut frontier = self.frontier();
+        let chain_pos = self.chain.max(self.delivered.stream_seq);
+        ensure!(
+            chain_pos >= self.frontier(),
+            "chain {chain_pos} behind the first deliveries in flight: {}",
+            ctx()
+        );
+        let mut frontier = chain_pos;
         let mut firsts = Vec::new();
         let mut seen_first = false;
         for a in &plan.assignments {
@@ -915,12 +943,25 @@ impl Sim {
             m if m > 0 => (m as usize).saturating_sub(pending_len + inflight_firsts),
             _ => usize::MAX,
         };
-        // First deliveries go out one proposal at a time (see Dispatcher::plan).
-        if !self.waiting.is_empty()
-            && plan.assignments.len() < max_batch
-            && room > 0
-            && self.inflight_firsts() == 0
-        {
+        // First deliveries follow the chain of plans in flight, each naming
+        // the position it follows.
+        match firsts.last() {
+            Some(&last) => {
+                ensure!(
+                    plan.first_after == Some(chain_pos),
+                    "first_after {:?}, model {chain_pos}: {}",
+                    plan.first_after,
+                    ctx()
+                );
+                self.chain = last;
+            }
+            None => ensure!(
+                plan.first_after.is_none(),
+                "first_after without first deliveries: {}",
+                ctx()
+            ),
+        }
+        if !self.waiting.is_empty() && plan.assignments.len() < max_batch && room > 0 {
             let next = (self.stored.range(frontier + 1..))
                 .find(|(_, subject)| matches(self.filter, subject));
             ensure!(
@@ -946,11 +987,27 @@ impl Sim {
 
     /// The oldest proposal is committed: apply it to both, then settle.
     fn apply_oldest(&mut self) -> Check {
-        let f = self.inflight.pop_front().expect("a proposal in flight");
+        self.apply(0)
+    }
+
+    /// Proposal `index` in flight is committed: apply it to both, then settle.
+    fn apply(&mut self, index: usize) -> Check {
+        let f = self.inflight.remove(index).expect("a proposal in flight");
         let plan = &f.plan;
-        let got = (self.consumer).apply_deliver(&plan.stream_seqs(), &plan.gone, f.now_ms);
+        // Its first deliveries count only where the consumer is at the
+        // position they were planned to follow.
+        let stale = plan
+            .first_after
+            .is_some_and(|after| after != self.delivered.stream_seq);
+        let got = (self.consumer).apply_deliver_after(
+            &plan.stream_seqs(),
+            &plan.gone,
+            f.now_ms,
+            plan.first_after,
+        );
         let got_exhausted = self.consumer.apply_exhausted(&plan.exhausted);
         self.dispatcher.settle(&plan.all_seqs());
+        self.settled_one();
 
         // The model's apply.
         for seq in &plan.gone {
@@ -965,6 +1022,9 @@ impl Sim {
         for a in &plan.assignments {
             let seq = a.stream_seq;
             let deliveries = if seq > self.delivered.stream_seq {
+                if stale {
+                    continue;
+                }
                 1
             } else if let Some(p) = self.pending.get(&seq) {
                 p.deliveries + 1
@@ -1042,6 +1102,7 @@ impl Sim {
     /// A proposal failed: nothing is applied, its seqs are settled.
     fn fail(&mut self, f: InFlight) {
         self.dispatcher.settle(&f.plan.all_seqs());
+        self.settled_one();
         self.stats.failed += 1;
     }
 
@@ -1252,20 +1313,21 @@ fn failed_newest_proposal_loses_no_message() {
     d.add_pull(1, 1, 10, None, 512).unwrap();
     let a = d.plan(&consumer, &stream, T0, 1);
     assert_eq!(a.stream_seqs(), [1]);
-    // While A's first delivery is in flight no other first delivery is
-    // planned, so a failed B can never be overtaken (this once lost seq 2).
+    // B is planned while A is in flight and fails; C follows B. Applying C
+    // after A must not move the position past 2 (this once lost seq 2):
+    // C names the position it follows, so its first delivery is skipped.
     let b = d.plan(&consumer, &stream, T0, 1);
-    assert!(b.stream_seqs().is_empty());
+    assert_eq!(b.stream_seqs(), [2]);
     d.settle(&b.all_seqs()); // B failed.
     let c = d.plan(&consumer, &stream, T0, 1);
     for p in [a, c] {
-        consumer.apply_deliver(&p.stream_seqs(), &p.gone, T0);
+        consumer.apply_deliver_after(&p.stream_seqs(), &p.gone, T0, p.first_after);
         d.settle(&p.all_seqs());
     }
     // Whatever is left goes out now.
     for _ in 0..3 {
         let p = d.plan(&consumer, &stream, T0, 10);
-        consumer.apply_deliver(&p.stream_seqs(), &p.gone, T0);
+        consumer.apply_deliver_after(&p.stream_seqs(), &p.gone, T0, p.first_after);
         d.settle(&p.all_seqs());
     }
     let pending: Vec<u64> = consumer.pending_iter().map(|(s, _)| s).collect();

@@ -48,14 +48,20 @@ mod pulls;
 pub const MAX_PULL_BATCH: u32 = 10_000;
 /// Messages planned into one Deliver entry.
 const MAX_DELIVER_BATCH: usize = 512;
-/// Deliver entries in flight at once.
-const MAX_DELIVER_INFLIGHT: usize = 2;
+/// Deliver entries in flight at once. Several let a worker's pull be
+/// proposed while another worker's delivery commits; a plan names the
+/// position it follows, so one that overtakes a failed plan delivers nothing
+/// new instead of skipping messages.
+const MAX_DELIVER_INFLIGHT: usize = 4;
 /// Shortest idle heartbeat interval a pull may ask for.
 const MIN_HEARTBEAT_MS: u64 = 100;
 /// Unacked messages remembered per session for redeliver-on-disconnect.
 const MAX_TRACKED_SENT: usize = 1_000_000;
 /// Acks batched into one Ack entry.
 const MAX_ACK_BATCH: usize = 4096;
+/// Ack entries in flight at once. Acks of one message commute (ack and term
+/// are final), so entries may commit in any order.
+const MAX_ACK_INFLIGHT: usize = 4;
 /// Events queued towards the runtime.
 const EVENT_QUEUE: usize = 4096;
 /// Responses queued towards one session.
@@ -174,7 +180,7 @@ struct Runner {
     /// redeliver-on-disconnect (bounded by MAX_TRACKED_SENT).
     sent: HashMap<u64, SessionId>,
     deliver_inflight: usize,
-    ack_inflight: bool,
+    ack_inflight: usize,
     config_inflight: bool,
     writes: FuturesUnordered<BoxFuture<'static, (u64, WriteDone)>>,
     /// Bumped by every reset: results of proposals made before it are
@@ -202,7 +208,7 @@ impl Runner {
             sent: HashMap::new(),
             heartbeats: HashMap::new(),
             deliver_inflight: 0,
-            ack_inflight: false,
+            ack_inflight: 0,
             config_inflight: false,
             writes: FuturesUnordered::new(),
             epoch: 0,
@@ -279,7 +285,7 @@ impl Runner {
         self.heartbeats.clear();
         self.epoch += 1;
         self.deliver_inflight = 0;
-        self.ack_inflight = false;
+        self.ack_inflight = 0;
         self.config_inflight = false;
         // Waiting pulls belong to the sessions just closed.
         self.dispatcher = Dispatcher::new();
@@ -480,11 +486,12 @@ impl Runner {
                 return;
             }
             let settle = plan.all_seqs();
-            let cmd = ConsumerCommand::Deliver {
+            let cmd = ConsumerCommand::DeliverAfter {
                 now_ms: now,
                 stream_seqs: plan.assignments.iter().map(|a| a.stream_seq).collect(),
                 gone: plan.gone,
                 exhausted: plan.exhausted,
+                first_after: plan.first_after,
             };
             let Ok(cmd) = bincode::serialize(&cmd) else {
                 return;
@@ -507,7 +514,7 @@ impl Runner {
     }
 
     fn flush_acks(&mut self) {
-        if self.ack_inflight || self.acks.is_empty() {
+        if self.ack_inflight >= MAX_ACK_INFLIGHT || self.acks.is_empty() {
             return;
         }
         let take = self.acks.len().min(MAX_ACK_BATCH);
@@ -523,7 +530,7 @@ impl Runner {
             return;
         };
         let group = self.ctx.group.clone();
-        self.ack_inflight = true;
+        self.ack_inflight += 1;
         self.push_write(
             async move {
                 let result = group.write(cmd).await;
@@ -561,7 +568,7 @@ impl Runner {
                 }
             }
             WriteDone::Ack { acks, result } => {
-                self.ack_inflight = false;
+                self.ack_inflight -= 1;
                 let error = match result {
                     Ok(_) => String::new(),
                     Err(e) => format!("ack not committed: {e}; retry"),

@@ -47,6 +47,17 @@ pub enum ConsumerCommand {
         published: Vec<u64>,
         dropped: Vec<u64>,
     },
+    /// `Deliver` for a plan made while earlier ones were in flight: its first
+    /// deliveries count only if the consumer is at `first_after` (see
+    /// `ConsumerState::apply_deliver_after`). A variant of its own, last, so
+    /// logs written before it still decode.
+    DeliverAfter {
+        now_ms: i64,
+        stream_seqs: Vec<u64>,
+        gone: Vec<u64>,
+        exhausted: Vec<u64>,
+        first_after: Option<u64>,
+    },
 }
 
 /// What a worker said about a delivered message.
@@ -109,6 +120,25 @@ impl ConsumerMachine {
         &self.state
     }
 
+    fn apply_deliver(
+        &mut self,
+        now_ms: i64,
+        stream_seqs: &[u64],
+        gone: &[u64],
+        exhausted: &[u64],
+        first_after: Option<u64>,
+    ) -> ConsumerResponse {
+        let d = (self.state).apply_deliver_after(stream_seqs, gone, now_ms, first_after);
+        for seq in self.state.apply_exhausted(exhausted) {
+            tracing::info!(stream_seq = seq, "message reached max_deliver: given up");
+        }
+        ConsumerResponse::Delivered(
+            d.into_iter()
+                .map(|d| (d.stream_seq, d.consumer_seq, d.deliveries))
+                .collect(),
+        )
+    }
+
     fn apply_command(&mut self, cmd: ConsumerCommand) -> ConsumerResponse {
         match cmd {
             ConsumerCommand::Deliver {
@@ -116,17 +146,14 @@ impl ConsumerMachine {
                 stream_seqs,
                 gone,
                 exhausted,
-            } => {
-                let d = self.state.apply_deliver(&stream_seqs, &gone, now_ms);
-                for seq in self.state.apply_exhausted(&exhausted) {
-                    tracing::info!(stream_seq = seq, "message reached max_deliver: given up");
-                }
-                ConsumerResponse::Delivered(
-                    d.into_iter()
-                        .map(|d| (d.stream_seq, d.consumer_seq, d.deliveries))
-                        .collect(),
-                )
-            }
+            } => self.apply_deliver(now_ms, &stream_seqs, &gone, &exhausted, None),
+            ConsumerCommand::DeliverAfter {
+                now_ms,
+                stream_seqs,
+                gone,
+                exhausted,
+                first_after,
+            } => self.apply_deliver(now_ms, &stream_seqs, &gone, &exhausted, first_after),
             ConsumerCommand::Acks { now_ms, items } => {
                 let mut settled = 0;
                 for (seq, kind) in items {
