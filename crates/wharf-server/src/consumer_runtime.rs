@@ -5,7 +5,10 @@
 //! node, asks `wharf_core::dispatch::Dispatcher` for a round-robin plan over the
 //! waiting pulls, proposes the plan as one `Deliver` entry, and only after that
 //! entry is applied sends each message to its worker. Acks from every session
-//! are batched into one `Ack` entry at a time.
+//! are batched into `Ack` entries. Both kinds are pipelined (a few entries in
+//! flight); a `DeliverAfter` entry names the consumer position its first
+//! deliveries follow, so one applied after a failed one delivers none of
+//! them rather than skip the failed plan's messages.
 //!
 //! Invariants:
 //! - A worker never receives a message whose delivery is not committed.
