@@ -3,12 +3,13 @@
 //! Random sequences of operations drive one [`StreamState`], one
 //! [`ConsumerState`] and one [`Dispatcher`] the way the server's consumer
 //! runtime does: `plan`, propose, then either apply the proposal
-//! (`apply_deliver_after` + `apply_exhausted`) or fail it, and `settle` the plan's
-//! `all_seqs()` either way; several proposals may be in flight at once
-//! (first deliveries too: each plan names the position it follows) and are
-//! applied in proposal order (the Raft log's order) or, sometimes, newest
-//! first (a proposal retried while the leader's lease is unsure reaches the
-//! log after a later one). Acks of every kind and config edits are applied at once, as their own Raft entries would be.
+//! (`apply_deliver_after` + `apply_exhausted`) or fail it, and `settle` the
+//! plan's `all_seqs()` either way; several proposals may be in flight at
+//! once (first deliveries too: each plan names the position it follows) and
+//! are applied in proposal order (the Raft log's order) or, sometimes,
+//! newest first (a proposal retried while the leader's lease is unsure
+//! reaches the log after a later one). Acks of every kind and config edits
+//! are applied at once, as their own Raft entries would be.
 //!
 //! Next to the real types runs a reference model written independently with
 //! plain maps: what is stored, what is pending (deliveries, delivery time,

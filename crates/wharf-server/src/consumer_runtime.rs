@@ -62,8 +62,10 @@ const MIN_HEARTBEAT_MS: u64 = 100;
 const MAX_TRACKED_SENT: usize = 1_000_000;
 /// Acks batched into one Ack entry.
 const MAX_ACK_BATCH: usize = 4096;
-/// Ack entries in flight at once. Acks of one message commute (ack and term
-/// are final), so entries may commit in any order.
+/// Ack entries in flight at once. They are proposed in order; should two
+/// reach the log out of order (a write retried while the lease is unsure),
+/// an ack or term still settles the message, since both are final; only a
+/// nak's or in-progress's due time could come out differently.
 const MAX_ACK_INFLIGHT: usize = 4;
 /// Events queued towards the runtime.
 const EVENT_QUEUE: usize = 4096;
