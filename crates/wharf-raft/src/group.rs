@@ -46,6 +46,8 @@ struct GroupInner {
     raft: WharfRaft,
     sm: SharedStateMachine,
     status: watch::Receiver<GroupStatus>,
+    /// Closed (its sender dropped) once the Raft core is gone.
+    core_gone: watch::Receiver<()>,
     read_timeout: Duration,
     /// How long `write` retries on a leader whose lease is not confirmed.
     lease_wait: Duration,
@@ -109,9 +111,11 @@ impl Group {
         let mut leader_changes = u64::from(leader.is_some());
         initial.leader_changes = leader_changes;
         let (tx, rx) = watch::channel(initial);
+        let (core_gone_tx, core_gone) = watch::channel(());
         // Mirrors openraft's metrics until the Raft core is gone. Holds no Raft
         // handle, so it never keeps a stopped group alive.
         tokio::spawn(async move {
+            let _core_gone_tx = core_gone_tx;
             loop {
                 if metrics.changed().await.is_err() {
                     // A failed group stays reported as failed.
@@ -141,6 +145,7 @@ impl Group {
                 raft,
                 sm,
                 status: rx,
+                core_gone,
                 read_timeout,
                 lease_wait,
             }),
@@ -149,6 +154,12 @@ impl Group {
 
     pub(crate) fn raft(&self) -> &WharfRaft {
         &self.inner.raft
+    }
+
+    /// Resolves once the group's Raft core is gone (stopped or failed).
+    pub(crate) fn core_gone(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut gone = self.inner.core_gone.clone();
+        async move { while gone.changed().await.is_ok() {} }
     }
 
     /// Stops the Raft core of this group and waits for its tasks.

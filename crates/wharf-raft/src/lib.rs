@@ -17,9 +17,10 @@
 //! Membership changes (`Group::add_learner`, `Group::set_voters`) are the
 //! caller's to sequence: learner first, voter once caught up.
 //!
-//! Left out: pipelined AppendEntries streaming, per-group supervision and
-//! re-placement after a storage error (the caller sees `Role::Shutdown`).
+//! Left out: per-group supervision and re-placement after a storage error
+//! (the caller sees `Role::Shutdown`).
 
+mod append_stream;
 mod error;
 mod fault;
 mod flusher;

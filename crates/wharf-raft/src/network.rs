@@ -10,30 +10,34 @@
 //! Raft become `Unreachable`; deadlines become `Timeout`. Every request carries
 //! a deadline taken from `RPCOption::soft_ttl()`.
 //!
-//! Not here: pipelined (streaming) AppendEntries. openraft's default sequential
-//! `stream_append` issues one unary `Append` per batch; a bidi stream would cut
-//! per-hop latency and is the obvious next step.
+//! Replication sessions send their AppendEntries over one pipelined stream
+//! each (`append_stream`); heartbeats, which openraft sends as a stream of one
+//! request, keep the unary `Append` call, as does a session to a peer that
+//! does not know the streaming call (an older node during a rolling upgrade).
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
+use openraft::base::BoxFuture;
+use openraft::base::BoxStream;
 use openraft::errors::NetworkError;
 use openraft::errors::RPCError;
 use openraft::errors::ReplicationClosed;
 use openraft::errors::StreamingError;
 use openraft::errors::Timeout;
-
-/// Shortest deadline of an AppendEntries call (see `append_entries`).
-const MIN_APPEND_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 use openraft::errors::Unreachable;
 use openraft::network::RPCOption;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::StreamAppendResult;
 use openraft::raft::TransferLeaderRequest;
 use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
@@ -49,6 +53,9 @@ use wharf_proto::v1::raft::raft_transport_client::RaftTransportClient;
 use wharf_proto::v1::raft::RaftFrame;
 use wharf_proto::v1::raft::SnapshotChunk;
 
+use crate::append_stream;
+use crate::append_stream::StreamErrors;
+use crate::append_stream::MIN_APPEND_DEADLINE;
 use crate::peer_auth::PeerChannel;
 use crate::peer_auth::PeerCredentials;
 use crate::types::decode;
@@ -135,11 +142,22 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        self.network(target, node, false)
+    }
+
+    async fn new_heartbeat_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        self.network(target, node, true)
+    }
+}
+
+impl NetworkFactory {
+    fn network(&self, target: NodeId, node: &BasicNode, heartbeat: bool) -> PeerNetwork {
         PeerNetwork {
             target,
             addr: node.addr.clone(),
             group_id: self.group_id,
             pool: self.pool.clone(),
+            unary_appends: Arc::new(AtomicBool::new(heartbeat)),
         }
     }
 }
@@ -150,6 +168,9 @@ pub(crate) struct PeerNetwork {
     addr: String,
     group_id: GroupId,
     pool: Arc<PeerPool>,
+    /// Send AppendEntries as unary calls: set for heartbeats, and once the
+    /// peer answered that it has no `AppendStream`.
+    unary_appends: Arc<AtomicBool>,
 }
 
 /// The unary RPCs of the transport.
@@ -231,6 +252,61 @@ impl PeerNetwork {
         })
     }
 
+    /// Opens a pipelined `AppendStream` session (see `append_stream`).
+    async fn open_append_stream<'s, S>(
+        &'s self,
+        input: S,
+        option: RPCOption,
+    ) -> Result<
+        BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+        RPCError<TypeConfig>,
+    >
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        // openraft sleeps out its backoff (after a failed session) inside
+        // the making of a request: take the first one before connecting, or
+        // a peer that refuses connections is retried in a tight loop.
+        let mut input = input;
+        let Some(first) = input.next().await else {
+            return Ok(Box::pin(futures::stream::empty()));
+        };
+        let input = futures::stream::once(futures::future::ready(first)).chain(input);
+        let ttl = option.soft_ttl().max(MIN_APPEND_DEADLINE);
+        let unanswered = Arc::default();
+        let failed = Arc::default();
+        let frames = append_stream::request_frames(
+            input,
+            self.group_id,
+            self.pool.node_id(),
+            Arc::clone(&unanswered),
+            Arc::clone(&failed),
+        );
+        let mut request = tonic::Request::new(frames);
+        let group = tonic::metadata::MetadataValue::from(self.group_id);
+        request
+            .metadata_mut()
+            .insert(append_stream::GROUP_HEADER, group);
+        let mut client = self.pool.client(&self.addr).map_err(unreachable)?;
+        let responses = match tokio::time::timeout(ttl, client.append_stream(request)).await {
+            Err(_) => return Err(StreamErrors::timeout(self, ttl)),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                // An older peer: unary calls from now on; openraft retries a
+                // network error at once.
+                self.unary_appends.store(true, Ordering::Relaxed);
+                return Err(RPCError::Network(NetworkError::from_string(format!(
+                    "{} has no AppendStream; using unary appends",
+                    self.target
+                ))));
+            }
+            Ok(Err(status)) => return Err(StreamErrors::status(self, ttl, status)),
+            Ok(Ok(resp)) => resp.into_inner(),
+        };
+        Ok(append_stream::answers(
+            responses, self, ttl, unanswered, failed,
+        ))
+    }
+
     async fn send_snapshot(
         &self,
         vote: Vote,
@@ -300,6 +376,20 @@ impl PeerNetwork {
     }
 }
 
+impl StreamErrors for PeerNetwork {
+    fn timeout(&self, ttl: Duration) -> RPCError<TypeConfig> {
+        RPCError::Timeout(self.timeout_error(RPCTypes::AppendEntries, ttl))
+    }
+
+    fn status(&self, ttl: Duration, status: tonic::Status) -> RPCError<TypeConfig> {
+        self.status_error(RPCTypes::AppendEntries, ttl, status)
+    }
+
+    fn remote(&self, message: String) -> RPCError<TypeConfig> {
+        unreachable(format!("remote raft error on {}: {message}", self.target))
+    }
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerNetwork {
     type SnapshotData = SnapshotData;
 
@@ -316,6 +406,29 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
         // Heartbeats keep their own, shorter, openraft-side timeout.
         let ttl = option.soft_ttl().max(MIN_APPEND_DEADLINE);
         self.unary(Rpc::Append, &rpc, ttl).await
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if self.unary_appends.load(Ordering::Relaxed) {
+            return openraft::network::stream_append_sequential(self, input, option);
+        }
+        Box::pin(self.open_append_stream(input, option))
     }
 
     async fn vote(

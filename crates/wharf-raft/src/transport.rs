@@ -3,7 +3,9 @@
 //! Each frame names a group; the service looks the group up in the node's
 //! registry and hands the decoded openraft request to that group's Raft. The
 //! reply frame carries the bincode `WireResult` of the call: the openraft
-//! response, or the text of the remote (fatal) error.
+//! response, or the text of the remote (fatal) error. `AppendStream` names
+//! its group in a request header and answers a stream of frames
+//! (`append_stream`).
 //!
 //! Invariants:
 //! - An unknown group answers `NOT_FOUND` (the caller backs off); a frame that
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use std::sync::Weak;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::TransferLeaderRequest;
 use openraft::raft::VoteRequest;
@@ -31,6 +34,9 @@ use wharf_proto::v1::raft::raft_transport_server::RaftTransport;
 use wharf_proto::v1::raft::RaftFrame;
 use wharf_proto::v1::raft::SnapshotChunk;
 
+use crate::append_stream;
+use crate::append_stream::AnswerFrames;
+use crate::append_stream::GROUP_HEADER;
 use crate::types::decode;
 use crate::types::encode;
 use crate::types::Snapshot;
@@ -40,6 +46,7 @@ use crate::types::TypeConfig;
 use crate::types::Vote;
 use crate::types::WharfRaft;
 use crate::types::WireResult;
+use crate::Group;
 use crate::GroupId;
 use crate::RaftNode;
 
@@ -61,11 +68,14 @@ impl TransportService {
             .ok_or_else(|| Status::unavailable("node is shut down"))
     }
 
-    fn raft(&self, group_id: GroupId) -> Result<WharfRaft, Status> {
+    fn group(&self, group_id: GroupId) -> Result<Group, Status> {
         self.node()?
             .group(group_id)
-            .map(|g| g.raft().clone())
             .ok_or_else(|| Status::not_found(format!("raft group {group_id} not found")))
+    }
+
+    fn raft(&self, group_id: GroupId) -> Result<WharfRaft, Status> {
+        self.group(group_id).map(|g| g.raft().clone())
     }
 
     fn reply<T: Serialize>(
@@ -101,6 +111,36 @@ impl RaftTransport for TransportService {
             tokio::time::sleep_until(arrived + delay).await;
         }
         self.reply(frame.group_id, res)
+    }
+
+    type AppendStreamStream = AnswerFrames;
+
+    async fn append_stream(
+        &self,
+        request: Request<Streaming<RaftFrame>>,
+    ) -> Result<Response<AnswerFrames>, Status> {
+        let group_id: GroupId = request
+            .metadata()
+            .get(GROUP_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Status::invalid_argument(format!("missing {GROUP_HEADER} header")))?;
+        let node = self.node()?;
+        let group = self.group(group_id)?;
+        // A stream outlives neither its group (a stopped group's Raft would be
+        // kept alive by an idle stream) nor, through that, a node shutdown
+        // (a graceful server stop waits for every open stream): once the
+        // core is gone, the requests end, and so do the answers.
+        let requests = request.into_inner().take_until(group.core_gone());
+        let answers = append_stream::serve(
+            group.raft(),
+            group_id,
+            node.node_id(),
+            requests,
+            node.slow_append(),
+        );
+        let answers = Box::pin(answers.take_until(group.core_gone()));
+        Ok(Response::new(answers))
     }
 
     async fn vote(&self, request: Request<RaftFrame>) -> Result<Response<RaftFrame>, Status> {
