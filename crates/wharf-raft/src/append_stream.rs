@@ -156,6 +156,19 @@ pub(crate) fn answers<'s, E: StreamErrors + Sync>(
                         });
                     }
                     Ok(Err(status)) => {
+                        let idle = unanswered.lock().map(|u| u.is_empty()).unwrap_or(false);
+                        if idle {
+                            // Nothing was lost: end the session as if the
+                            // server had closed it, and the next one connects
+                            // when there is something to send. An error here
+                            // would count toward openraft's backoff, so a peer
+                            // that was down while the group was idle would be
+                            // caught up only after that backoff (up to
+                            // seconds) once it is back; unary calls never
+                            // fail while idle.
+                            tracing::debug!(%status, "append stream: idle stream broke");
+                            return None;
+                        }
                         let err = st.errors.status(ttl, status);
                         return Some((Err(err), None));
                     }

@@ -271,6 +271,11 @@ impl PeerNetwork {
         let Some(first) = input.next().await else {
             return Ok(Box::pin(futures::stream::empty()));
         };
+        tracing::debug!(
+            group_id = self.group_id,
+            target = self.target,
+            "append stream: opening"
+        );
         let input = futures::stream::once(futures::future::ready(first)).chain(input);
         let ttl = option.soft_ttl().max(MIN_APPEND_DEADLINE);
         let unanswered = Arc::default();
