@@ -18,6 +18,10 @@
 //! it on one server process only (the test harness has per-node
 //! environments, `Cluster::node_env`).
 //!
+//! `WHARF_FAULT_NO_APPEND_STREAM=1` makes the node answer the streaming
+//! `AppendStream` call with `UNIMPLEMENTED`, as a node of a version without
+//! it would; its peers then replicate to it with unary calls.
+//!
 //! Left out: read faults, torn writes, a slow fsync of the node's own
 //! appends as a leader (see the chaos harness for process-level faults).
 
@@ -80,4 +84,17 @@ pub(crate) fn slow_append_from_env() -> Option<Duration> {
         "slow-follower fault armed: AppendEntries with entries are answered late ({SLOW_APPEND_ENV})"
     );
     Some(Duration::from_millis(ms))
+}
+
+/// The environment variable of the no-append-stream fault, read once when
+/// the node opens.
+pub const NO_APPEND_STREAM_ENV: &str = "WHARF_FAULT_NO_APPEND_STREAM";
+
+/// Whether [`NO_APPEND_STREAM_ENV`] is set to 1.
+pub(crate) fn no_append_stream_from_env() -> bool {
+    let on = std::env::var(NO_APPEND_STREAM_ENV).is_ok_and(|v| v.trim() == "1");
+    if on {
+        tracing::warn!("AppendStream refused as by an older node ({NO_APPEND_STREAM_ENV})");
+    }
+    on
 }

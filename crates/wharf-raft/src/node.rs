@@ -89,6 +89,8 @@ pub struct RaftNode {
     lifecycle: tokio::sync::Mutex<bool>,
     /// Injected answer delay of AppendEntries (tests only; see `fault`).
     slow_append: Option<Duration>,
+    /// Refuse `AppendStream` as an older node would (tests only; `fault`).
+    no_append_stream: bool,
 }
 
 fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
@@ -161,6 +163,7 @@ impl RaftNode {
             groups: RwLock::new(HashMap::new()),
             lifecycle: tokio::sync::Mutex::new(false),
             slow_append: crate::fault::slow_append_from_env(),
+            no_append_stream: crate::fault::no_append_stream_from_env(),
         }))
     }
 
@@ -172,6 +175,11 @@ impl RaftNode {
     /// The injected AppendEntries answer delay, if any (see `fault`).
     pub(crate) fn slow_append(&self) -> Option<Duration> {
         self.slow_append
+    }
+
+    /// Whether this node refuses `AppendStream` (see `fault`).
+    pub(crate) fn no_append_stream(&self) -> bool {
+        self.no_append_stream
     }
 
     /// The node's database; the server opens its own trees in it.

@@ -126,6 +126,9 @@ impl RaftTransport for TransportService {
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| Status::invalid_argument(format!("missing {GROUP_HEADER} header")))?;
         let node = self.node()?;
+        if node.no_append_stream() {
+            return Err(Status::unimplemented("AppendStream is refused (fault)"));
+        }
         let group = self.group(group_id)?;
         // A stream outlives neither its group (a stopped group's Raft would be
         // kept alive by an idle stream) nor, through that, a node shutdown

@@ -92,6 +92,7 @@ fn settings() -> RaftSettings {
 /// A node plus the gRPC server serving its transport.
 struct TestNode {
     id: NodeId,
+    addr: String,
     node: Arc<RaftNode>,
     server: JoinHandle<()>,
     stop_server: tokio::sync::oneshot::Sender<()>,
@@ -118,6 +119,7 @@ impl TestNode {
                 Err(e) => panic!("open node: {e}"),
             }
         };
+        let addr = listener.local_addr().unwrap().to_string();
         let svc = node.transport_service();
         let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
@@ -134,6 +136,7 @@ impl TestNode {
         });
         TestNode {
             id,
+            addr,
             node,
             server,
             stop_server,
@@ -437,6 +440,138 @@ async fn lagging_follower_catches_up_by_snapshot() {
         .expect("follower catches up");
     assert_eq!(write_n(&groups[oi], 1).await, total + 1);
     nodes.push(n);
+    for n in nodes {
+        n.kill().await;
+    }
+}
+
+/// Starts three nodes with group `GROUP` on each; `env` is set while the
+/// node with that id opens (faults are read once, when a node opens).
+async fn three_node_group(
+    dirs: &[tempfile::TempDir],
+    env: Option<(NodeId, &str, &str)>,
+) -> (Vec<TestNode>, Vec<Group>, Vec<Arc<Mutex<Counter>>>) {
+    let mut listeners = Vec::new();
+    let mut members = BTreeMap::new();
+    for id in 1..=3u64 {
+        let (l, addr) = bind().await;
+        listeners.push(l);
+        members.insert(id, addr);
+    }
+    let (mut nodes, mut groups, mut counters) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, l) in listeners.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let faulty = env.filter(|(n, _, _)| *n == id);
+        if let Some((_, k, v)) = faulty {
+            std::env::set_var(k, v);
+        }
+        let n = TestNode::start(id, dirs[i].path(), l, settings()).await;
+        if let Some((_, k, _)) = faulty {
+            std::env::remove_var(k);
+        }
+        let (c, sm) = counter();
+        groups.push(
+            n.node
+                .start_group(GROUP, members.clone(), sm)
+                .await
+                .unwrap(),
+        );
+        counters.push(c);
+        nodes.push(n);
+    }
+    (nodes, groups, counters)
+}
+
+/// A follower that does not know the streaming AppendEntries call (a node
+/// of an earlier version, simulated with `WHARF_FAULT_NO_APPEND_STREAM`) is
+/// replicated to with unary calls: it applies everything the leader wrote.
+/// Without the fallback its leader would retry the stream forever and it
+/// would apply nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_without_append_streams_is_replicated_by_unary_calls() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (nodes, groups, counters) =
+        three_node_group(&dirs, Some((3, "WHARF_FAULT_NO_APPEND_STREAM", "1"))).await;
+    let mut leader = agreed_leader(&groups.iter().collect::<Vec<_>>()).await;
+    if leader == 3 {
+        // Node 3 must be a follower: hand leadership to node 1.
+        groups[2].transfer_leader(1).await.expect("transfer");
+        groups[0]
+            .wait_for(WAIT, |s| s.role == Role::Leader)
+            .await
+            .expect("node 1 leads");
+        leader = 1;
+    }
+    let li = nodes.iter().position(|n| n.id == leader).unwrap();
+    let written = write_n(&groups[li], 50).await;
+    for (g, c) in groups.iter().zip(&counters) {
+        g.wait_for(WAIT, |_| count_of(c) == written)
+            .await
+            .expect("every replica, node 3 too, applies every write");
+    }
+    for n in nodes {
+        n.kill().await;
+    }
+}
+
+/// `AppendStream` refuses what it cannot serve with a clear status and
+/// changes nothing: no group header, an unknown group, a frame that does not
+/// decode. The group keeps working afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_stream_refuses_bad_input_clearly() {
+    use wharf_proto::v1::raft::raft_transport_client::RaftTransportClient;
+    use wharf_proto::v1::raft::RaftFrame;
+
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (nodes, groups, counters) = three_node_group(&dirs, None).await;
+    let leader = agreed_leader(&groups.iter().collect::<Vec<_>>()).await;
+    let follower = nodes.iter().find(|n| n.id != leader).unwrap();
+    let addr = format!("http://{}", follower.addr);
+    let mut client = RaftTransportClient::connect(addr).await.expect("connect");
+    let frame = |group_id| RaftFrame {
+        group_id,
+        payload: bytes::Bytes::from_static(b"not an AppendEntries request"),
+        from_node: 99,
+    };
+    let call = |group: Option<&str>, frame: RaftFrame| {
+        let mut request = tonic::Request::new(tokio_stream::iter(vec![frame]));
+        if let Some(g) = group {
+            request
+                .metadata_mut()
+                .insert("wharf-raft-group", g.parse().unwrap());
+        }
+        request
+    };
+
+    let status = client
+        .append_stream(call(None, frame(GROUP)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("wharf-raft-group"), "{status}");
+
+    let status = client
+        .append_stream(call(Some("99"), frame(99)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status}");
+
+    let mut answers = client
+        .append_stream(call(Some(&GROUP.to_string()), frame(GROUP)))
+        .await
+        .expect("the call is accepted; its frame is not")
+        .into_inner();
+    let status = answers.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("decode"), "{status}");
+
+    let li = nodes.iter().position(|n| n.id == leader).unwrap();
+    let written = write_n(&groups[li], 5).await;
+    for (g, c) in groups.iter().zip(&counters) {
+        g.wait_for(WAIT, |_| count_of(c) == written)
+            .await
+            .expect("the group still replicates");
+    }
     for n in nodes {
         n.kill().await;
     }
