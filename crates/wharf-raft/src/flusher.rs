@@ -1,36 +1,45 @@
 //! Group commit: one thread per node that makes writes durable.
 //!
-//! Writers (log appends of every group, votes, snapshots, explicit
-//! [`crate::RaftNode::flush`] calls) first apply their write to sled, then hand
-//! a completion to the flusher over a bounded channel. The flusher takes
-//! everything queued, calls `db.flush()` once and then fsyncs sled's files
-//! if sled's own syncs are not fsyncs (`sled_files`), then completes all of
-//! them in FIFO order.
+//! Log stores write to sled and append a record to the node's journal
+//! buffer (`journal`), then hand a completion to the flusher over a bounded
+//! channel. The flusher takes everything queued, writes the journal buffer
+//! to the journal file and `fdatasync`s it once, then completes all of them
+//! in FIFO order. A completion that asks for all of sled to be durable
+//! (snapshots, dropped groups, `RaftNode::flush`, shutdown), or a journal
+//! grown past its limit, makes it checkpoint as well: flush sled, fsync
+//! sled's files if sled's own syncs are not fsyncs (`sled_files`), and empty
+//! the journal.
 //!
-//! It is a dedicated thread, not a task: `flush_async` hands each flush to
-//! sled's thread pool and back through a future, and the fsync of
-//! `sled_files` went through `spawn_blocking`; each of those hand-offs is a
-//! thread wake-up on the path of every commit, and on our 2-core machines a
-//! wake-up is tens of microseconds (docs/BENCHMARKS.md, "Fewer hand-offs").
+//! It is a dedicated thread, not a task: each hand-off to another thread
+//! (a thread pool, `spawn_blocking`) is a wake-up on the path of every
+//! commit, and on our 2-core machines a wake-up is tens of microseconds
+//! (docs/BENCHMARKS.md, "Fewer hand-offs").
 //!
 //! Invariants:
-//! - A completion is only ever signalled `Ok` after a flush that *started after*
-//!   the write was applied (the write happened before the completion was queued,
-//!   and the flush starts after it was dequeued). So `Ok` means "on disk".
+//! - A completion is only ever signalled `Ok` after a sync that *started
+//!   after* the write was made (the write and its journal record come before
+//!   the completion is queued, and the buffer is taken after it is
+//!   dequeued). So `Ok` means "on disk"; for [`Flusher::flush`] it means "in
+//!   sled's files", not only in the journal.
 //! - Completions are signalled in queue order, so per-group order holds.
-//! - A failed flush fails every completion of that batch; nothing panics.
-//! - On stop, whatever is still queued gets one last flush, then the thread
-//!   ends and drops its `Db` handle; later submissions fail with an error.
+//! - A failed write or sync fails every completion of that batch; nothing
+//!   panics.
+//! - On stop, whatever is still queued gets one last checkpoint, then the
+//!   thread ends and drops its `Db` handle; later submissions fail with an
+//!   error.
 //!
-//! Not here: retrying failed flushes (a storage error stops the affected groups).
+//! Not here: retrying failed syncs (a storage error stops the affected groups).
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use openraft::storage::IOFlushed;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
+use crate::journal::JournalBuffer;
+use crate::journal::JournalFile;
 use crate::sled_files::SledFiles;
 use crate::types::io_err;
 use crate::types::TypeConfig;
@@ -40,11 +49,13 @@ const QUEUE_CAPACITY: usize = 4096;
 
 /// One completion waiting for the next flush.
 enum Waiter {
-    /// An openraft log append.
+    /// An openraft log append: durable once its journal record is.
     Log(IOFlushed<TypeConfig>),
-    /// Anyone awaiting a flush (vote, snapshot, `RaftNode::flush`).
-    Notify(oneshot::Sender<Result<(), String>>),
-    /// Flush what is queued, then end the thread.
+    /// Anyone awaiting the journal's sync (a vote, a truncation).
+    Journal(oneshot::Sender<Result<(), String>>),
+    /// Anyone awaiting a checkpoint: all of sled durable.
+    Db(oneshot::Sender<Result<(), String>>),
+    /// Checkpoint what is queued, then end the thread.
     Stop,
 }
 
@@ -52,7 +63,7 @@ impl Waiter {
     fn complete(self, res: &Result<(), String>) {
         match self {
             Waiter::Log(cb) => cb.io_completed(res.clone().map_err(io_err)),
-            Waiter::Notify(tx) => {
+            Waiter::Journal(tx) | Waiter::Db(tx) => {
                 // The waiter may have given up; nothing to do then.
                 let _ = tx.send(res.clone());
             }
@@ -75,16 +86,31 @@ pub(crate) struct FlusherTask {
 }
 
 impl Flusher {
-    /// Starts the flusher thread for `db`, opened at `dir`.
-    pub(crate) fn spawn(db: sled::Db, dir: &Path) -> io::Result<(Flusher, FlusherTask)> {
+    /// Starts the flusher thread for `db`, opened at `dir`, with `journal`
+    /// (already replayed into `db`): first, synchronously, a checkpoint, so
+    /// what was replayed is in sled's files and the journal starts empty.
+    pub(crate) fn spawn(
+        db: sled::Db,
+        dir: &Path,
+        buffer: Arc<JournalBuffer>,
+        journal: JournalFile,
+    ) -> io::Result<(Flusher, FlusherTask)> {
         let files = SledFiles::open(dir)?;
+        let mut io = FlushIo {
+            db,
+            files,
+            buffer,
+            journal,
+            spare: Vec::new(),
+        };
+        io.checkpoint().map_err(io_err)?;
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let (done_tx, done_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("wharf-flusher".into())
             .spawn(move || {
-                run(&db, files, rx);
-                drop(db);
+                run(&mut io, rx);
+                drop(io);
                 let _ = done_tx.send(());
             })?;
         Ok((
@@ -94,6 +120,18 @@ impl Flusher {
                 done: Some(done_rx),
             },
         ))
+    }
+
+    /// For tests: a flusher for `db` at `dir` with a fresh journal beside it.
+    #[cfg(test)]
+    pub(crate) fn spawn_for_tests(
+        db: sled::Db,
+        dir: &Path,
+    ) -> io::Result<(Flusher, FlusherTask, Arc<JournalBuffer>)> {
+        let buffer = Arc::new(JournalBuffer::default());
+        let journal = JournalFile::open(&dir.with_extension("journal"))?;
+        let (flusher, task) = Flusher::spawn(db, dir, buffer.clone(), journal)?;
+        Ok((flusher, task, buffer))
     }
 
     /// Queues an append's callback; it is completed after the next flush.
@@ -109,11 +147,25 @@ impl Flusher {
         }
     }
 
-    /// Waits until everything written before this call is on disk.
+    /// Waits until every journal record written before this call is on
+    /// disk (a vote, a truncation).
+    pub(crate) async fn sync_journal(&self) -> io::Result<()> {
+        self.wait(Waiter::Journal).await
+    }
+
+    /// Waits until everything written to sled before this call is in sled's
+    /// own files (a checkpoint), whatever tree it went to.
     pub(crate) async fn flush(&self) -> io::Result<()> {
+        self.wait(Waiter::Db).await
+    }
+
+    async fn wait(
+        &self,
+        waiter: fn(oneshot::Sender<Result<(), String>>) -> Waiter,
+    ) -> io::Result<()> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Waiter::Notify(tx))
+            .send(waiter(tx))
             .await
             .map_err(|_| io_err("flusher stopped"))?;
         match rx.await {
@@ -139,7 +191,46 @@ impl FlusherTask {
     }
 }
 
-fn run(db: &sled::Db, mut files: SledFiles, mut rx: mpsc::Receiver<Waiter>) {
+/// What the flusher thread owns.
+struct FlushIo {
+    db: sled::Db,
+    files: SledFiles,
+    buffer: Arc<JournalBuffer>,
+    journal: JournalFile,
+    /// The buffer handed back to `buffer` at the next take (no reallocation).
+    spare: Vec<u8>,
+}
+
+impl FlushIo {
+    /// Writes and syncs what the journal buffer holds.
+    fn sync_journal(&mut self) -> Result<(), String> {
+        let spare = std::mem::take(&mut self.spare);
+        let bytes = self
+            .buffer
+            .take(spare)
+            .map_err(|e| format!("journal: {e}"))?;
+        let res = self
+            .journal
+            .write_and_sync(&bytes)
+            .map_err(|e| format!("journal {}: {e}", self.journal.path().display()));
+        self.spare = bytes;
+        res
+    }
+
+    /// Syncs the journal, then makes all of sled durable and empties the
+    /// journal (everything in it is then in sled's files).
+    fn checkpoint(&mut self) -> Result<(), String> {
+        self.sync_journal()?;
+        self.db.flush().map_err(|e| format!("flush: {e}"))?;
+        // sled's flush is not an fsync (see `sled_files`): finish it.
+        self.files.sync().map_err(|e| format!("fsync: {e}"))?;
+        self.journal
+            .clear()
+            .map_err(|e| format!("journal {}: {e}", self.journal.path().display()))
+    }
+}
+
+fn run(io: &mut FlushIo, mut rx: mpsc::Receiver<Waiter>) {
     let mut batch: Vec<Waiter> = Vec::new();
     let mut stopping = false;
     while !stopping {
@@ -152,27 +243,31 @@ fn run(db: &sled::Db, mut files: SledFiles, mut rx: mpsc::Receiver<Waiter>) {
             stopping |= matches!(w, Waiter::Stop);
             batch.push(w);
         }
-        flush_and_complete(db, &mut files, &mut batch);
+        sync_and_complete(io, &mut batch);
     }
-    // Stopping: refuse new work, then give what is queued one last flush.
+    // Stopping: refuse new work, then give what is queued one last checkpoint.
     rx.close();
     while let Ok(w) = rx.try_recv() {
         batch.push(w);
     }
     if !batch.is_empty() {
-        flush_and_complete(db, &mut files, &mut batch);
+        batch.push(Waiter::Stop);
+        sync_and_complete(io, &mut batch);
     }
     tracing::debug!("flusher stopped");
 }
 
-fn flush_and_complete(db: &sled::Db, files: &mut SledFiles, batch: &mut Vec<Waiter>) {
-    let res = match db.flush() {
-        // sled's flush is not an fsync (see `sled_files`): finish it.
-        Ok(_) => files.sync().map_err(|e| format!("fsync: {e}")),
-        Err(e) => Err(format!("flush: {e}")),
+fn sync_and_complete(io: &mut FlushIo, batch: &mut Vec<Waiter>) {
+    let wants_db = batch
+        .iter()
+        .any(|w| matches!(w, Waiter::Db(_) | Waiter::Stop));
+    let res = if wants_db || io.journal.wants_checkpoint() {
+        io.checkpoint()
+    } else {
+        io.sync_journal()
     };
     if let Err(e) = &res {
-        tracing::error!(error = %e, "sled flush failed");
+        tracing::error!(error = %e, "flush failed");
     }
     for w in batch.drain(..) {
         w.complete(&res);
@@ -181,7 +276,12 @@ fn flush_and_complete(db: &sled::Db, files: &mut SledFiles, batch: &mut Vec<Wait
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::Flusher;
+    use crate::journal::JournalBuffer;
+    use crate::journal::JournalFile;
+    use crate::journal::Record;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_waiters_all_complete_and_stop_refuses_more() {
@@ -190,14 +290,29 @@ mod tests {
             .path(dir.path().join("sled"))
             .open()
             .unwrap();
-        let (flusher, mut task) = Flusher::spawn(db.clone(), &dir.path().join("sled")).unwrap();
+        let buffer = Arc::new(JournalBuffer::default());
+        let journal_path = dir.path().join("journal");
+        let journal = JournalFile::open(&journal_path).unwrap();
+        let (flusher, mut task) = Flusher::spawn(
+            db.clone(),
+            &dir.path().join("sled"),
+            buffer.clone(),
+            journal,
+        )
+        .unwrap();
         let tree = db.open_tree("t").unwrap();
         let waits = (0..200u32).map(|i| {
             let f = flusher.clone();
             let t = tree.clone();
+            let b = buffer.clone();
             async move {
                 t.insert(i.to_be_bytes(), &[1u8][..]).unwrap();
-                f.flush().await
+                b.push(&Record::DropGroup { group: i.into() }).unwrap();
+                if i % 2 == 0 {
+                    f.sync_journal().await
+                } else {
+                    f.flush().await
+                }
             }
         });
         for r in futures::future::join_all(waits).await {
@@ -209,5 +324,10 @@ mod tests {
             "a stopped flusher refuses work"
         );
         task.stop().await; // idempotent
+        assert_eq!(
+            std::fs::metadata(&journal_path).unwrap().len(),
+            0,
+            "the last checkpoint emptied the journal"
+        );
     }
 }

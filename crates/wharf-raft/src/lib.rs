@@ -2,7 +2,8 @@
 //! gRPC peer transport.
 //!
 //! A process opens one [`RaftNode`]: it owns the node's single `sled::Db`, the
-//! group-commit flusher (one fsync covers the pending writes of every group),
+//! journal that makes log writes durable and its group-commit flusher (one
+//! fsync of the journal covers the pending writes of every group),
 //! the pool of peer channels (one tonic channel per peer node, shared by every
 //! group) and the registry of running [`Group`]s. The server mounts
 //! [`RaftNode::transport_service`] on its gRPC port and starts groups with a
@@ -10,7 +11,8 @@
 //!
 //! Invariants:
 //! - openraft types never appear in this crate's public API.
-//! - An append or a vote is reported durable only after sled's fsync.
+//! - An append or a vote is reported durable only after the journal holding
+//!   it was fsynced; sled's own files are flushed at checkpoints.
 //! - A group's state machine lives in memory and is rebuilt at start from the
 //!   stored snapshot and the committed log.
 //!
@@ -25,6 +27,7 @@ mod error;
 mod fault;
 mod flusher;
 mod group;
+mod journal;
 mod log_store;
 mod membership;
 mod network;

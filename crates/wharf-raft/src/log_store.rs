@@ -1,25 +1,30 @@
-//! The Raft log and vote of one group, in two sled trees.
+//! The Raft log and vote of one group, in two sled trees, made durable by
+//! the node's journal.
 //!
 //! Layout: `g{id}.log` maps the log index (big-endian `u64`, so byte order is
 //! index order) to the bincode `Entry`; `g{id}.meta` holds `vote`,
 //! `committed`, `last_purged` and (written by [`crate::sm_store`]) `snapshot`.
 //!
+//! Every write to these trees is made in sled and then recorded in the
+//! node's journal buffer (`crate::journal`); durability comes from the
+//! journal's sync, not from a sled flush.
+//!
 //! Invariants:
 //! - `append` inserts its entries one by one in index order, so they are
-//!   readable by every reader as soon as it returns; the flush callback goes
-//!   to the node's group-commit [`Flusher`] and fires only after fsync. It
-//!   uses no `sled::Batch`: sled 0.34 writes out its current IO buffer before
-//!   and after every batch, and each of those writes is an `fdatasync` of the
-//!   node's database (`crate::sled_files`), so a batch per append cost two
-//!   extra syncs. All-or-nothing is not needed: sled recovers a prefix of its
-//!   writes, so a crash leaves a prefix of the entries (never a hole), and
-//!   entries whose callback had not fired are not counted by any leader.
-//! - `save_vote` returns only after a flush that covers the vote.
-//! - `truncate_after` and `purge` are single atomic batches and leave no hole.
-//!   They need no flush of their own: sled recovers a prefix of its writes, and
-//!   the next flushed append or vote covers them. `purge` records
-//!   `last_purged` before it deletes.
-//! - `committed` is written without a flush (it is a hint for replay at
+//!   readable by every reader as soon as it returns, and records them; the
+//!   flush callback goes to the node's group-commit [`Flusher`] and fires
+//!   only after the journal holding them is synced. It uses no
+//!   `sled::Batch`: sled 0.34 writes out its current IO buffer before and
+//!   after every batch, each write an `fdatasync` (`crate::sled_files`).
+//! - `save_vote` and `truncate_after` return only after their records are
+//!   synced. For the truncation this is what makes replay safe: no append
+//!   ever follows a truncation that could still be lost (see
+//!   `crate::journal`).
+//! - `purge` records `last_purged` before the removals and needs no sync of
+//!   its own; if a crash loses it after sled kept some of it, replay can
+//!   bring back entries at or below `last_purged`, and
+//!   [`remove_purged_entries`] removes them again.
+//! - `committed` is written without a sync (it is a hint for replay at
 //!   startup and may lag after a crash; see `enable_leader_restore` in
 //!   [`crate::node`]).
 //!
@@ -37,6 +42,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::Bound;
 use std::ops::RangeBounds;
+use std::sync::Arc;
 
 use openraft::storage::IOFlushed;
 use openraft::storage::RaftLogStorage;
@@ -46,6 +52,8 @@ use openraft::RaftLogReader;
 
 use crate::fault::AppendFault;
 use crate::flusher::Flusher;
+use crate::journal::JournalBuffer;
+use crate::journal::Record;
 use crate::types::decode;
 use crate::types::encode;
 use crate::types::io_err;
@@ -67,8 +75,10 @@ pub(crate) fn tree_names(group_id: GroupId) -> (String, String) {
 /// Log storage of one group; clones share the same trees (and serve as readers).
 #[derive(Clone)]
 pub(crate) struct LogStore {
+    group_id: GroupId,
     log: sled::Tree,
     meta: sled::Tree,
+    journal: Arc<JournalBuffer>,
     flusher: Flusher,
     /// An injected storage fault (tests only; see `fault`).
     fault: Option<AppendFault>,
@@ -79,6 +89,7 @@ impl LogStore {
     pub(crate) fn open(
         db: &sled::Db,
         group_id: GroupId,
+        journal: Arc<JournalBuffer>,
         flusher: Flusher,
         fault: Option<AppendFault>,
     ) -> sled::Result<(Self, sled::Tree)> {
@@ -87,8 +98,10 @@ impl LogStore {
         let meta = db.open_tree(meta_name)?;
         Ok((
             LogStore {
+                group_id,
                 log,
                 meta: meta.clone(),
+                journal,
                 flusher,
                 fault,
             },
@@ -105,8 +118,12 @@ impl LogStore {
 
     fn write_meta<T: serde::Serialize>(&self, key: &[u8], v: &T) -> io::Result<()> {
         let bytes = encode(v).map_err(io_err)?;
-        self.meta.insert(key, bytes).map_err(io_err)?;
-        Ok(())
+        self.meta.insert(key, bytes.as_slice()).map_err(io_err)?;
+        self.journal.push(&Record::MetaSet {
+            group: self.group_id,
+            key: key.to_vec(),
+            value: bytes,
+        })
     }
 
     /// Index of the first or last entry in the tree (one seek each).
@@ -122,16 +139,43 @@ impl LogStore {
 
     /// Removes the entries `[from, to]` that exist, key by key, in one batch.
     fn remove_indexes(&self, from: u64, to: u64) -> io::Result<()> {
-        let mut batch = sled::Batch::default();
-        for index in from..=to {
-            batch.remove(&index_key(index));
-        }
-        self.log.apply_batch(batch).map_err(io_err)
+        remove_range(&self.log, from, to)?;
+        self.journal.push(&Record::LogRemove {
+            group: self.group_id,
+            from,
+            to,
+        })
     }
 }
 
-fn index_key(index: u64) -> [u8; 8] {
+fn remove_range(log: &sled::Tree, from: u64, to: u64) -> io::Result<()> {
+    let mut batch = sled::Batch::default();
+    for index in from..=to {
+        batch.remove(&index_key(index));
+    }
+    log.apply_batch(batch).map_err(io_err)
+}
+
+/// The sled key of a log index.
+pub(crate) fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
+}
+
+/// After a journal replay: removes the entries of `group_id`'s log at or
+/// below its `last_purged` (a purge the crash lost from the journal but not
+/// from sled; see the module docs).
+pub(crate) fn remove_purged_entries(db: &sled::Db, group_id: GroupId) -> io::Result<()> {
+    let (log_name, meta_name) = tree_names(group_id);
+    let meta = db.open_tree(meta_name).map_err(io_err)?;
+    let Some(bytes) = meta.get(KEY_LAST_PURGED).map_err(io_err)? else {
+        return Ok(());
+    };
+    let purged: LogId = decode(&bytes).map_err(io_err)?;
+    let log = db.open_tree(log_name).map_err(io_err)?;
+    match LogStore::bound_index(log.first())? {
+        Some(first) if first <= purged.index => remove_range(&log, first, purged.index),
+        _ => Ok(()),
+    }
 }
 
 /// Converts an index range into `[lo, hi)`; `hi = None` means unbounded.
@@ -200,7 +244,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         self.write_meta(KEY_VOTE, vote)?;
-        self.flusher.flush().await
+        self.flusher.sync_journal().await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
@@ -227,12 +271,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // Key by key in index order, not as one `sled::Batch`: see the
         // module docs.
+        let mut recorded = Vec::new();
         for entry in entries {
             let bytes = encode(&entry).map_err(io_err)?;
+            let index = entry.log_id.index;
             self.log
-                .insert(index_key(entry.log_id.index), bytes)
+                .insert(index_key(index), bytes.as_slice())
                 .map_err(io_err)?;
+            recorded.push((index, bytes));
         }
+        self.journal.push(&Record::LogInsert {
+            group: self.group_id,
+            entries: recorded,
+        })?;
         self.flusher.submit_log(callback).await
     }
 
@@ -245,7 +296,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             None => 0,
         };
         match LogStore::bound_index(self.log.last())? {
-            Some(last) if last >= from => self.remove_indexes(from, last),
+            Some(last) if last >= from => {
+                self.remove_indexes(from, last)?;
+                // Synced before anything is appended after it (module docs).
+                self.flusher.sync_journal().await
+            }
             _ => Ok(()),
         }
     }

@@ -1,5 +1,6 @@
-//! [`RaftNode`]: one per process. Owns the sled `Db`, the group-commit
-//! flusher, the peer channel pool and the registry of running groups.
+//! [`RaftNode`]: one per process. Owns the sled `Db`, the journal and its
+//! group-commit flusher, the peer channel pool and the registry of running
+//! groups. Opening a node first replays the journal into sled (`journal`).
 //!
 //! Group lifecycle: `start_group` opens the group's trees, builds its openraft
 //! instance (which replays the stored snapshot and committed log into the fresh
@@ -45,6 +46,11 @@ use wharf_proto::v1::raft::RaftFrame;
 
 use crate::flusher::Flusher;
 use crate::flusher::FlusherTask;
+use crate::journal;
+use crate::journal::JournalBuffer;
+use crate::journal::JournalFile;
+use crate::journal::Record;
+use crate::log_store::remove_purged_entries;
 use crate::log_store::tree_names;
 use crate::log_store::LogStore;
 use crate::network::NetworkFactory;
@@ -71,6 +77,27 @@ const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 3000;
 const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 1000;
 /// Purge in batches: each purge is one sled batch.
 const PURGE_BATCH_ENTRIES: u64 = 256;
+/// The node's journal, in its data directory (see `journal`).
+const JOURNAL_FILE: &str = "raft.journal";
+
+/// Replays the journal at `path` into `db` (see `journal`) and opens it for
+/// appending; the flusher's first checkpoint then empties it.
+fn open_journal(db: &sled::Db, path: &Path) -> Result<JournalFile, RaftError> {
+    let storage = |e: std::io::Error| RaftError::Storage(format!("{}: {e}", path.display()));
+    let replayed = journal::replay(path, db).map_err(storage)?;
+    for group in &replayed.groups {
+        remove_purged_entries(db, *group).map_err(storage)?;
+    }
+    if replayed.records > 0 || replayed.torn_bytes > 0 {
+        tracing::info!(
+            records = replayed.records,
+            groups = replayed.groups.len(),
+            torn_bytes = replayed.torn_bytes,
+            "replayed the journal"
+        );
+    }
+    JournalFile::open(path).map_err(storage)
+}
 
 /// One node of the cluster: every Raft group this process hosts.
 pub struct RaftNode {
@@ -81,6 +108,8 @@ pub struct RaftNode {
     read_timeout: Duration,
     lease_wait: Duration,
     db: sled::Db,
+    /// Records of log and meta writes, synced by the flusher (`journal`).
+    journal: Arc<JournalBuffer>,
     flusher: Flusher,
     flusher_task: tokio::sync::Mutex<FlusherTask>,
     pool: Arc<PeerPool>,
@@ -125,8 +154,9 @@ fn raft_config(s: &RaftSettings) -> Result<Config, RaftError> {
 }
 
 impl RaftNode {
-    /// Opens (or creates) the node's single sled::Db at `data_dir/sled` and
-    /// starts the flusher. Must be called inside a tokio runtime.
+    /// Opens (or creates) the node's single sled::Db at `data_dir/sled`,
+    /// replays the journal `data_dir/raft.journal` into it and starts the
+    /// flusher. Must be called inside a tokio runtime.
     pub fn open(
         node_id: NodeId,
         data_dir: &Path,
@@ -148,8 +178,12 @@ impl RaftNode {
             // periodic fsync would make a pointer durable before its blob.
             .flush_every_ms(None)
             .open()?;
-        let (flusher, flusher_task) = Flusher::spawn(db.clone(), &sled_dir)
-            .map_err(|e| RaftError::Storage(format!("{}: {e}", sled_dir.display())))?;
+        let journal_path = data_dir.join(JOURNAL_FILE);
+        let journal = open_journal(&db, &journal_path)?;
+        let journal_buffer = Arc::new(JournalBuffer::default());
+        let (flusher, flusher_task) =
+            Flusher::spawn(db.clone(), &sled_dir, journal_buffer.clone(), journal)
+                .map_err(|e| RaftError::Storage(format!("{}: {e}", sled_dir.display())))?;
         Ok(Arc::new(RaftNode {
             node_id,
             config: Arc::new(config),
@@ -157,6 +191,7 @@ impl RaftNode {
             read_timeout: Duration::from_millis(settings.election_max_ms.saturating_mul(3)),
             lease_wait: Duration::from_millis(settings.election_max_ms),
             db,
+            journal: journal_buffer,
             flusher,
             flusher_task: tokio::sync::Mutex::new(flusher_task),
             pool: Arc::new(PeerPool::new(node_id, settings.bind_ip)),
@@ -221,8 +256,13 @@ impl RaftNode {
             return Ok(g);
         }
         let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
-        let (log_store, meta_tree) =
-            LogStore::open(&self.db, group_id, self.flusher.clone(), fault)?;
+        let (log_store, meta_tree) = LogStore::open(
+            &self.db,
+            group_id,
+            self.journal.clone(),
+            self.flusher.clone(),
+            fault,
+        )?;
         let snapshots = SnapshotStore::new(
             group_id,
             &self.snapshot_dir,
@@ -298,6 +338,11 @@ impl RaftNode {
             let (log_name, meta_name) = tree_names(group_id);
             self.db.drop_tree(log_name)?;
             self.db.drop_tree(meta_name)?;
+            // Recorded, or a replay of earlier records would bring the
+            // trees back if the node crashed before the flush below.
+            self.journal
+                .push(&Record::DropGroup { group: group_id })
+                .map_err(|e| RaftError::Storage(e.to_string()))?;
             self.flush().await?;
             remove_snapshot_files(&self.snapshot_dir, group_id, None)
                 .map_err(|e| RaftError::Storage(format!("snapshot files: {e}")))?;

@@ -50,8 +50,8 @@ async fn bug6_log_reads_survive_a_sled_tree_whose_forward_scan_stops_early() {
         "the fixture no longer shows sled's defect (forward {forward}, reverse {reverse})"
     );
 
-    let (flusher, _task) = Flusher::spawn(db.clone(), &path).expect("flusher");
-    let (mut log, _meta) = LogStore::open(&db, 2, flusher, None).expect("log store");
+    let (flusher, _task, journal) = Flusher::spawn_for_tests(db.clone(), &path).expect("flusher");
+    let (mut log, _meta) = LogStore::open(&db, 2, journal, flusher, None).expect("log store");
     let state = log.get_log_state().await.expect("log state");
     assert_eq!(state.last_log_id.map(|l| l.index), Some(34_260));
 
