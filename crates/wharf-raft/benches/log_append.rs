@@ -1,14 +1,16 @@
 //! Criterion benchmarks of the log append and flush path, through
 //! wharf-raft's public API only:
-//! - `sled_inserts_then_flush`: N single-key inserts (128 B values, as the
-//!   log store writes an append) followed by `RaftNode::flush`, i.e. one
-//!   fsync through the node's group-commit flusher;
+//! - `sled_inserts_then_flush`: N single-key inserts (128 B values) followed
+//!   by `RaftNode::flush`, which is a checkpoint: sled's own flush and fsync
+//!   (since 2026-12-02 a commit no longer waits for one; the journal's sync
+//!   makes log writes durable);
 //! - `sled_batch_then_flush`: the same N entries as one `sled::Batch` (how
 //!   the log store wrote an append until 2026-12-01: sled writes out its IO
 //!   buffer before and after every batch, so this shows what that cost);
-//! - `group_write`: a one-node group's `Group::write` (propose, append,
-//!   fsync, commit, apply of a trivial state machine), one at a time and 64
-//!   concurrent writes (which the flusher covers with shared fsyncs).
+//! - `group_write`: a one-node group's `Group::write` (propose, append to
+//!   sled and the journal, the journal's fsync, commit, apply of a trivial
+//!   state machine), one at a time and 64 concurrent writes (which the
+//!   flusher covers with shared fsyncs).
 //!
 //! `cargo bench -p wharf-raft --bench log_append`. The figures include this
 //! machine's fsync cost; the data lives in a temporary directory on the
