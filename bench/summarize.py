@@ -130,6 +130,9 @@ def main():
         note = f"nats-server {nats_version} with sync_interval: always (fsync before ack); Wharf fsyncs on a majority first"
     else:
         note = f"nats-server {nats_version} acknowledges before fsync; Wharf fsyncs on a majority first"
+    threads = threads_per_node(machine)
+    if threads:
+        note += f"; every server on {threads} thread(s) (Wharf --worker-threads, NATS GOMAXPROCS)"
     stamp = os.path.basename(out_dir)
     summary = {"stamp": stamp, "reps": reps, "machine": machine, "rows": rows, "extras": extras,
                "note": note}
@@ -138,6 +141,14 @@ def main():
     with open(out_dir + ".svg", "w") as fh:
         fh.write(chart(rows, reps, nats_version, nats_fsyncs))
     print(f"\nwrote {out_dir}.json and {out_dir}.svg")
+
+
+def threads_per_node(machine):
+    """THREADS_PER_NODE of the run ('' when the servers ran with their defaults)."""
+    for line in machine.splitlines():
+        if line.startswith("THREADS_PER_NODE="):
+            return line.split("=", 1)[1].strip()
+    return ""
 
 
 def nats_setup(machine):

@@ -46,6 +46,8 @@ use crate::types::TypeConfig;
 
 /// Capacity of the completion queue; submitters wait when it is full.
 const QUEUE_CAPACITY: usize = 4096;
+/// Largest journal buffer kept for reuse between syncs.
+const SPARE_BUFFER_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// One completion waiting for the next flush.
 enum Waiter {
@@ -213,7 +215,12 @@ impl FlushIo {
             .journal
             .write_and_sync(&bytes)
             .map_err(|e| format!("journal {}: {e}", self.journal.path().display()));
-        self.spare = bytes;
+        // Keep the buffer for the next take, unless a burst made it large.
+        self.spare = if bytes.capacity() > SPARE_BUFFER_MAX_BYTES {
+            Vec::new()
+        } else {
+            bytes
+        };
         res
     }
 

@@ -101,6 +101,12 @@ pub struct ServerArgs {
     /// [default: 10000].
     #[arg(long, env = "WHARF_SNAPSHOT_EVERY_ENTRIES")]
     pub snapshot_every_entries: Option<u64>,
+    /// Threads of the server's async runtime, which serve requests and run
+    /// every Raft group [default: one per CPU the process may use]. Where
+    /// several nodes share a machine's CPUs, fewer threads each means fewer
+    /// thread switches (docs/BENCHMARKS.md).
+    #[arg(long, env = "WHARF_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Address to serve Prometheus metrics on over HTTP (GET /metrics),
     /// e.g. 0.0.0.0:9090 [default: none, no metrics endpoint].
     #[arg(long, env = "WHARF_METRICS_LISTEN")]

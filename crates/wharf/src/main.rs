@@ -30,10 +30,21 @@ fn main() -> ExitCode {
             };
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let worker_threads = match &cli.command {
+        cli::Command::Server(args) => match server_config::worker_threads(args) {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(1);
+            }
+        },
+        _ => None,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = worker_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

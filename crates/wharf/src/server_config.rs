@@ -27,6 +27,7 @@ pub struct FileConfig {
     election_min_ms: Option<u64>,
     election_max_ms: Option<u64>,
     snapshot_every_entries: Option<u64>,
+    worker_threads: Option<usize>,
     metrics_listen: Option<String>,
     log_format: Option<LogFormat>,
     limits: Option<crate::limits_config::LimitsFile>,
@@ -61,6 +62,27 @@ pub fn log_format(args: &ServerArgs) -> Result<LogFormat> {
         None => FileConfig::default(),
     };
     Ok(file.log_format.unwrap_or_default())
+}
+
+/// Most threads `--worker-threads` accepts.
+const MAX_WORKER_THREADS: usize = 1024;
+
+/// Threads of the server's runtime from the flag, its environment variable
+/// or the file; `None` leaves tokio's default (one per CPU the process may
+/// use). Read before the runtime is built.
+pub fn worker_threads(args: &ServerArgs) -> Result<Option<usize>> {
+    let threads = match (args.worker_threads, &args.config) {
+        (Some(n), _) => Some(n),
+        (None, Some(path)) => load_file(path)?.worker_threads,
+        (None, None) => None,
+    };
+    match threads {
+        Some(0) => bail!("--worker-threads must be at least 1"),
+        Some(n) if n > MAX_WORKER_THREADS => {
+            bail!("--worker-threads {n} is more than the {MAX_WORKER_THREADS} allowed")
+        }
+        other => Ok(other),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -305,6 +327,7 @@ mod tests {
             election_min_ms,
             election_max_ms,
             snapshot_every_entries,
+            worker_threads,
             metrics_listen,
             log_format,
             limits,
@@ -319,6 +342,7 @@ mod tests {
         assert!(node_id.is_some() && listen.is_some() && data.is_some() && peers.is_some());
         assert!(heartbeat_ms.is_some() && election_min_ms.is_some() && election_max_ms.is_some());
         assert!(metrics_listen.is_some() && snapshot_every_entries.is_some());
+        assert!(worker_threads.is_some());
         assert_eq!(log_format, Some(LogFormat::Json));
 
         let dir = tempfile::tempdir().unwrap();
@@ -335,11 +359,13 @@ mod tests {
             election_min_ms: None,
             election_max_ms: None,
             snapshot_every_entries: None,
+            worker_threads: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
         };
         assert_eq!(log_format_of(&args), LogFormat::Json);
+        assert_eq!(super::worker_threads(&args).unwrap(), worker_threads);
         let c = resolve(args).expect("the documented example resolves");
         assert_eq!(c.node_id, 1);
         assert_eq!(c.listen.port(), 7001);
@@ -370,6 +396,7 @@ mod tests {
             election_min_ms: None,
             election_max_ms: None,
             snapshot_every_entries: None,
+            worker_threads: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
@@ -412,6 +439,7 @@ mod tests {
             election_min_ms: None,
             election_max_ms: None,
             snapshot_every_entries: None,
+            worker_threads: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
@@ -421,5 +449,51 @@ mod tests {
         assert_eq!(c.listen.port(), 9);
         assert_eq!(c.raft.heartbeat_ms, 300);
         assert_eq!(c.peers.len(), 2);
+    }
+
+    #[test]
+    fn worker_threads_from_flag_or_file_and_refused_when_zero_or_huge() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wharf.toml");
+        std::fs::write(&path, "worker_threads = 3\n").unwrap();
+        let args = ServerArgs {
+            config: None,
+            node_id: Some("1".into()),
+            listen: Some("127.0.0.1:1".into()),
+            data: Some("/d".into()),
+            peers: Some("1=a:1".into()),
+            join: None,
+            heartbeat_ms: None,
+            election_min_ms: None,
+            election_max_ms: None,
+            snapshot_every_entries: None,
+            worker_threads: None,
+            metrics_listen: None,
+            log_format: None,
+            limits: Default::default(),
+        };
+        assert_eq!(
+            super::worker_threads(&args).unwrap(),
+            None,
+            "tokio's default"
+        );
+        let from_file = ServerArgs {
+            config: Some(path),
+            ..args.clone()
+        };
+        assert_eq!(super::worker_threads(&from_file).unwrap(), Some(3));
+        let flag_wins = ServerArgs {
+            worker_threads: Some(1),
+            ..from_file
+        };
+        assert_eq!(super::worker_threads(&flag_wins).unwrap(), Some(1));
+        for bad in [0, 100_000] {
+            let args = ServerArgs {
+                worker_threads: Some(bad),
+                ..args.clone()
+            };
+            let err = super::worker_threads(&args).unwrap_err().to_string();
+            assert!(err.contains("--worker-threads"), "{err}");
+        }
     }
 }
