@@ -1,6 +1,8 @@
 //! Node loss under load: `wharf server` processes, SIGKILL of the node leading
 //! the consumer (and, separately, the stream) while 2,000 messages are
-//! published and consumed by three workers through the client library.
+//! published and consumed by three workers through the client library. The
+//! stream case runs its nodes on one runtime thread each
+//! (`--worker-threads 1`, as `bench/compare.sh THREADS_PER_NODE=1` does).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,8 +15,8 @@ use wharf_tests::{eventually, Cluster};
 const PUBLISHERS: u64 = 2;
 const PER_PUBLISHER: u64 = 1000;
 
-async fn kill_leader_under_load(group: &str) -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(3).await?;
+async fn kill_leader_under_load(group: &str, server_args: &[&str]) -> anyhow::Result<()> {
+    let mut cluster = Cluster::start_with_args(3, server_args).await?;
     let client = cluster.client();
     client
         .add_stream(pb::StreamConfig {
@@ -125,10 +127,10 @@ async fn kill_leader_under_load(group: &str) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_consumer_leader_under_load() -> anyhow::Result<()> {
-    kill_leader_under_load("ORDERS/shipping").await
+    kill_leader_under_load("ORDERS/shipping", &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_stream_leader_under_load() -> anyhow::Result<()> {
-    kill_leader_under_load("ORDERS").await
+    kill_leader_under_load("ORDERS", &["--worker-threads", "1"]).await
 }
