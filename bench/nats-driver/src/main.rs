@@ -5,12 +5,14 @@
 //!
 //! The mapping, one for one with `wharf bench`:
 //! - stream: file storage, `--replicas`, one subject; consumer: durable pull,
-//!   explicit ack, AckWait 30 s, `--max-ack-pending`;
+//!   explicit ack (ack policy all with `--ack all`), AckWait 30 s,
+//!   `--max-ack-pending`;
 //! - sync publish: `jetstream.publish(..)` then await its ack;
 //! - async publish: up to `--window` ack futures outstanding per publisher;
 //! - worker: fetch `--batch` (expires 500 ms), then `double_ack` each message
 //!   (an ack the server confirms, like Wharf's committed ack), all of the
 //!   batch's acks awaited together, as `wharf bench` does with `ack_each`;
+//!   with `--ack all` (ack policy all) only the batch's highest sequence;
 //! - publisher and worker `i` connect to server `i % servers` first.
 //!
 //! `leader --stream NAME` prints the server name of the stream's leader (for
@@ -33,7 +35,7 @@ use clap::{Parser, Subcommand};
 use futures::StreamExt;
 use tokio::sync::{mpsc, Semaphore};
 
-use args::BenchArgs;
+use args::{AckMode, BenchArgs};
 use report::{payload, Clock, Pacer, Progress, PubStats, Report, SubStats};
 
 const FETCH_WAIT: Duration = Duration::from_millis(500);
@@ -135,7 +137,10 @@ async fn bench(addrs: &[String], args: BenchArgs) -> Result<()> {
         stream
             .create_consumer(pull::Config {
                 durable_name: Some(args.consumer.clone()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_policy: match args.ack {
+                    AckMode::Each => jetstream::consumer::AckPolicy::Explicit,
+                    AckMode::All => jetstream::consumer::AckPolicy::All,
+                },
                 ack_wait: Duration::from_secs(30),
                 max_ack_pending: args.max_ack_pending,
                 ..Default::default()
@@ -417,14 +422,26 @@ async fn worker(
             let delivered = m.info().map(|i| i.delivered.max(1) as u64).unwrap_or(1);
             stats.received(&clock, &m.payload, delivered, now);
         }
-        let acks = futures::future::join_all(msgs.iter().map(|m| m.double_ack())).await;
+        let acks = match args.ack {
+            AckMode::Each => futures::future::join_all(msgs.iter().map(|m| m.double_ack())).await,
+            // Ack policy all: the highest stream sequence settles the batch.
+            AckMode::All => {
+                let last = msgs
+                    .iter()
+                    .max_by_key(|m| m.info().map(|i| i.stream_sequence).unwrap_or(0))
+                    .expect("a non-empty batch");
+                vec![last.double_ack().await]
+            }
+        };
         for ack in acks {
             if ack.is_err() {
                 stats.errors += 1;
                 progress.errors.fetch_add(1, Ordering::Relaxed);
             }
-            progress.consumed.fetch_add(1, Ordering::Relaxed);
         }
+        progress
+            .consumed
+            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
     }
     Ok(stats)
 }

@@ -9,7 +9,9 @@
 //!   at most `--window` acks outstanding;
 //! - workers share the consumer: each loops `fetch(--batch)` then acks every
 //!   message of the batch with `Consumer::ack_each` (each ack committed; the
-//!   batch's acks are sent together and awaited together);
+//!   batch's acks are sent together and awaited together), or with `--ack
+//!   all` (the consumer's ack policy "all") acks only the batch's highest
+//!   sequence, which settles the rest;
 //! - with `--pub 0` the stream is first filled (unmeasured) and the workers
 //!   drain it, which measures the work queue alone.
 //!
@@ -36,6 +38,7 @@ use tonic::transport::Endpoint;
 use wharf_client::proto::wharf_client::WharfClient;
 use wharf_client::{proto as pb, Client};
 
+use args::AckMode;
 pub use args::BenchArgs;
 use report::{payload, Clock, Pacer, Progress, PubStats, Report, SubStats};
 
@@ -100,6 +103,10 @@ async fn setup(admin: &Client, args: &BenchArgs) -> Result<()> {
             ack_wait_ms: 30_000,
             max_ack_pending: args.max_ack_pending,
             max_waiting: 512,
+            ack_policy: match args.ack {
+                AckMode::Each => pb::AckPolicy::AckExplicit,
+                AckMode::All => pb::AckPolicy::AckAll,
+            } as i32,
             ..Default::default()
         };
         admin.add_consumer(&args.stream, consumer).await?;
@@ -359,8 +366,9 @@ async fn publish_async(
 }
 
 /// One pull worker: fetch a batch, ack each message (all of the batch's acks
-/// in flight together, each confirmed once committed), until the target count
-/// is reached or nothing arrived for `IDLE_LIMIT` after publishing ended.
+/// in flight together, each confirmed once committed) or, with `--ack all`,
+/// the batch's highest sequence, until the target count is reached or
+/// nothing arrived for `IDLE_LIMIT` after publishing ended.
 async fn worker(
     client: Client,
     args: &BenchArgs,
@@ -392,16 +400,29 @@ async fn worker(
         for m in &msgs {
             stats.received(&clock, &m.payload, m.delivered, now);
         }
-        let seqs: Vec<u64> = msgs.iter().map(|m| m.stream_seq).collect();
-        if let Err(e) = consumer.ack_each(&seqs).await {
+        let acked = match args.ack {
+            AckMode::Each => consumer.ack_each(&seqs_of(&msgs)).await,
+            AckMode::All => consumer.ack(highest_seq(&msgs)).await,
+        };
+        if let Err(e) = acked {
             stats.errors += 1;
             progress.errors.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("acks failed: {e}");
         }
         progress
             .consumed
-            .fetch_add(seqs.len() as u64, Ordering::Relaxed);
+            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
     }
     consumer.close();
     Ok(stats)
+}
+
+fn seqs_of(msgs: &[wharf_client::Message]) -> Vec<u64> {
+    msgs.iter().map(|m| m.stream_seq).collect()
+}
+
+/// The sequence an ack-all settles a fetched batch with: its highest (a
+/// redelivered message may come after newer ones in a batch).
+fn highest_seq(msgs: &[wharf_client::Message]) -> u64 {
+    msgs.iter().map(|m| m.stream_seq).max().unwrap_or(0)
 }

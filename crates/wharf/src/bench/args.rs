@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 /// Largest publish window (outstanding acks per publisher).
 pub const MAX_WINDOW: u32 = 65_536;
@@ -19,6 +19,24 @@ pub const MAX_CLIENTS: u32 = 256;
 pub const MAX_SIZE: usize = 1024 * 1024;
 /// The payload starts with an 8-byte send timestamp and an 8-byte tag.
 pub const MIN_SIZE: usize = 16;
+
+/// How the bench's workers acknowledge what they fetched.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckMode {
+    /// Ack every message (explicit ack policy).
+    Each,
+    /// Ack the highest sequence of each batch (ack policy "all").
+    All,
+}
+
+impl AckMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckMode::Each => "each",
+            AckMode::All => "all",
+        }
+    }
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -54,6 +72,11 @@ pub struct BenchArgs {
     /// Messages per pull request.
     #[arg(long, default_value_t = 100)]
     pub batch: u32,
+    /// How workers acknowledge: `each` acks every message of a batch; `all`
+    /// gives the consumer ack policy "all" and acks only the highest
+    /// sequence of each batch, which settles everything up to it.
+    #[arg(long, value_enum, default_value_t = AckMode::Each)]
+    pub ack: AckMode,
     /// Stream and consumer replicas.
     #[arg(long, default_value_t = 3)]
     pub replicas: u32,

@@ -352,6 +352,7 @@ impl Report<'_> {
                 "size": a.size,
                 "window": a.window,
                 "batch": a.batch,
+                "ack": a.ack.as_str(),
                 "replicas": a.replicas,
                 "rate": a.rate,
                 "max_ack_pending": a.max_ack_pending,
@@ -366,7 +367,7 @@ impl Report<'_> {
         let v = self.to_json();
         let a = self.args;
         let mut out = format!(
-            "{} bench: {} publisher(s) ({}), {} worker(s) (batch {}, ack each), {} B messages, R{}{}\n",
+            "{} bench: {} publisher(s) ({}), {} worker(s) (batch {}, ack {}), {} B messages, R{}{}\n",
             self.broker,
             a.pubs,
             if a.window == 0 {
@@ -376,6 +377,7 @@ impl Report<'_> {
             },
             a.subs,
             a.batch,
+            a.ack.as_str(),
             a.size,
             a.replicas,
             if a.rate > 0 {
