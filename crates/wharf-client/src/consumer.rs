@@ -56,13 +56,22 @@ impl From<pb::Message> for Message {
 struct Session {
     tx: mpsc::Sender<pb::ConsumeRequest>,
     rx: tonic::Streaming<pb::ConsumeResponse>,
+    /// The seed it was opened at.
+    seed: usize,
 }
+
+/// Response header naming the node that leads the consumer (see the server's
+/// `forward::CONSUMER_LEADER_HEADER`).
+const CONSUMER_LEADER_HEADER: &str = "x-wharf-consumer-leader";
 
 pub struct Consumer {
     client: Client,
     stream: String,
     name: String,
     session: Option<Session>,
+    /// The seed that led the consumer when a session was last opened: the
+    /// next session is opened there first.
+    leader_seed: Option<usize>,
     next_id: u64,
     /// Messages that arrived while waiting for something else.
     stash: VecDeque<Message>,
@@ -81,6 +90,7 @@ impl Consumer {
             stream: stream.to_string(),
             name: name.to_string(),
             session: None,
+            leader_seed: None,
             next_id: 1,
             stash: VecDeque::new(),
             max_bytes: 0,
@@ -109,38 +119,76 @@ impl Consumer {
         self
     }
 
+    /// The session, opened if there is none. A session is opened at the
+    /// seed that led the consumer last time, else at the client's current
+    /// seed; when the node that answers names another seed as the leader,
+    /// the session is opened again there, so pulls and acks skip the proxy
+    /// hop (the proxied session is kept if that fails).
     async fn open(&mut self) -> Result<&mut Session> {
         if self.session.is_none() {
-            let (tx, rx) = mpsc::channel(1024);
-            let open = pb::ConsumeOpen {
-                stream: self.stream.clone(),
-                consumer: self.name.clone(),
-            };
-            let first = pb::ConsumeRequest {
-                kind: Some(pb::consume_request::Kind::Open(open)),
-            };
-            tx.send(first)
-                .await
-                .map_err(|_| ClientError::Timeout("session closed".into()))?;
-            let mut grpc = self.client.current();
-            match grpc.consume(ReceiverStream::new(rx)).await {
-                Ok(resp) => {
-                    self.session = Some(Session {
-                        tx,
-                        rx: resp.into_inner(),
-                    })
-                }
-                Err(s) => {
+            let first = self
+                .leader_seed
+                .take()
+                .unwrap_or_else(|| self.client.current_index());
+            let (session, leader) = match self.open_at(first).await {
+                Ok(opened) => opened,
+                Err(e) => {
                     self.client.rotate();
-                    return Err(s.into());
+                    return Err(e);
                 }
-            }
+            };
+            let session = match leader {
+                Some(j) if j != first => match self.open_at(j).await {
+                    Ok((direct, _)) => direct,
+                    Err(e) => {
+                        tracing::debug!("staying proxied: the consumer leader refused: {e}");
+                        session
+                    }
+                },
+                _ => session,
+            };
+            self.leader_seed = leader;
+            self.session = Some(session);
         }
         Ok(self.session.as_mut().expect("opened above"))
     }
 
+    /// Open a session at seed `i`: the session, and the seed that leads the
+    /// consumer if the answer names one of the seeds.
+    async fn open_at(&self, i: usize) -> Result<(Session, Option<usize>)> {
+        let (tx, rx) = mpsc::channel(1024);
+        let open = pb::ConsumeOpen {
+            stream: self.stream.clone(),
+            consumer: self.name.clone(),
+        };
+        let first = pb::ConsumeRequest {
+            kind: Some(pb::consume_request::Kind::Open(open)),
+        };
+        tx.send(first)
+            .await
+            .map_err(|_| ClientError::Timeout("session closed".into()))?;
+        let resp = self.client.seed(i).consume(ReceiverStream::new(rx)).await?;
+        let leader = resp
+            .metadata()
+            .get(CONSUMER_LEADER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|addr| self.client.seed_named(addr));
+        let session = Session {
+            tx,
+            rx: resp.into_inner(),
+            seed: i,
+        };
+        Ok((session, leader))
+    }
+
+    /// The address of the seed this worker's session is open at, if one is.
+    pub fn session_addr(&self) -> Option<&str> {
+        self.session.as_ref().map(|s| self.client.seed_addr(s.seed))
+    }
+
     fn broken(&mut self) {
         self.session = None;
+        self.leader_seed = None;
         self.client.rotate();
     }
 

@@ -9,6 +9,12 @@
 //! session is reopened on the next call; acks are idempotent, so one that may
 //! have been lost is simply sent again.
 //!
+//! `publish` learns from each ack which node stored the subject (the stream's
+//! leader) and, when that node is one of the seeds, sends the subject's next
+//! publishes straight there, saving the hop a follower would forward it on.
+//! A `Consumer` session likewise moves to the seed the answering node names
+//! as the consumer's leader.
+//!
 //! A publish retried after an unknown outcome may be stored twice unless it
 //! carries a message id (`publish_with_id`): the stream's duplicate window
 //! then stores it once.
@@ -18,6 +24,7 @@
 mod connect;
 mod consumer;
 mod error;
+mod routes;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +58,8 @@ struct Inner {
     seeds: Vec<(String, Grpc)>,
     current: AtomicUsize,
     retry_for: Duration,
+    /// Which seed leads the stream of a subject, learned from publish acks.
+    routes: routes::Routes,
 }
 
 impl Client {
@@ -85,6 +94,7 @@ impl Client {
                 seeds,
                 current: AtomicUsize::new(0),
                 retry_for: Duration::from_secs(30),
+                routes: routes::Routes::default(),
             }),
         })
     }
@@ -95,6 +105,7 @@ impl Client {
             seeds: self.inner.seeds.clone(),
             current: AtomicUsize::new(self.inner.current.load(Ordering::Relaxed)),
             retry_for,
+            routes: routes::Routes::default(),
         };
         Client {
             inner: Arc::new(inner),
@@ -109,6 +120,29 @@ impl Client {
     pub(crate) fn current(&self) -> Grpc {
         let i = self.inner.current.load(Ordering::Relaxed) % self.inner.seeds.len();
         self.inner.seeds[i].1.clone()
+    }
+
+    /// The index of the current seed.
+    pub(crate) fn current_index(&self) -> usize {
+        self.inner.current.load(Ordering::Relaxed) % self.inner.seeds.len()
+    }
+
+    /// The gRPC client of seed `i` (modulo the number of seeds).
+    pub(crate) fn seed(&self, i: usize) -> Grpc {
+        self.inner.seeds[i % self.inner.seeds.len()].1.clone()
+    }
+
+    /// The address of seed `i` (modulo the number of seeds), as given.
+    pub(crate) fn seed_addr(&self, i: usize) -> &str {
+        &self.inner.seeds[i % self.inner.seeds.len()].0
+    }
+
+    /// The seed with this address (as the cluster knows its nodes), if any.
+    pub(crate) fn seed_named(&self, addr: &str) -> Option<usize> {
+        self.inner
+            .seeds
+            .iter()
+            .position(|(seed, _)| routes::same_addr(seed, addr))
     }
 
     /// Move to the next seed after a failure.
@@ -363,11 +397,37 @@ impl Client {
             msg_id: msg_id.unwrap_or_default().to_string(),
             headers,
         };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.publish(req).await }
-        })
-        .await
+        if let Some(i) = self.inner.routes.seed_for(subject) {
+            // Straight to the node that stored this subject last time; any
+            // transient failure (it no longer leads, it is down) forgets
+            // that and falls back to the seeds in turn.
+            let mut c = self.inner.seeds[i].1.clone();
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, c.publish(req.clone())).await {
+                Ok(Ok(r)) => {
+                    let ack = r.into_inner();
+                    self.learn_route(subject, &ack);
+                    return Ok(ack);
+                }
+                Ok(Err(s)) if !error::retryable(&s) => return Err(s.into()),
+                _ => self.inner.routes.forget(subject),
+            }
+        }
+        let ack = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.publish(req).await }
+            })
+            .await?;
+        self.learn_route(subject, &ack);
+        Ok(ack)
+    }
+
+    /// Remember which seed stored `subject`, when one did.
+    fn learn_route(&self, subject: &str, ack: &pb::PublishAck) {
+        match self.seed_named(&ack.stored_by) {
+            Some(i) => self.inner.routes.learn(subject, i),
+            None => self.inner.routes.forget(subject),
+        }
     }
 
     pub async fn add_consumer(

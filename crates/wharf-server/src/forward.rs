@@ -19,6 +19,10 @@ use wharf_raft::{NodeId, PeerChannel, PeerCredentials};
 use crate::error::{Result, ServerError};
 
 pub const HOPS_HEADER: &str = "x-wharf-hops";
+/// Response header of a `Consume` session: the address of the node leading
+/// the consumer, so a client that has it among its seeds can attach there
+/// and skip the proxy hop.
+pub const CONSUMER_LEADER_HEADER: &str = "x-wharf-consumer-leader";
 /// A request may be forwarded at most this many times.
 pub const MAX_HOPS: u32 = 2;
 /// How long a call keeps re-routing while a group elects a leader.
@@ -58,6 +62,11 @@ impl Peers {
                 addrs.insert(*id, addr.clone());
             }
         }
+    }
+
+    /// The address the cluster knows `node` by, if any.
+    pub fn addr_of(&self, node: NodeId) -> Option<String> {
+        self.addrs.lock().ok()?.get(&node).cloned()
     }
 
     /// Every address known, for the connection limiter's peer exemption.
@@ -176,5 +185,17 @@ where
             }
             other => return other,
         }
+    }
+}
+
+/// Name the node leading the group in a response's headers (nothing when
+/// its address is unknown or not a valid header value).
+pub fn name_leader<T>(
+    response: &mut tonic::Response<T>,
+    header: &'static str,
+    addr: Option<String>,
+) {
+    if let Some(value) = addr.and_then(|a| a.parse().ok()) {
+        response.metadata_mut().insert(header, value);
     }
 }

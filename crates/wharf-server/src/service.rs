@@ -23,7 +23,7 @@ use wharf_proto::v1::wharf_server::{Wharf, WharfServer};
 
 use crate::auth::{authorize, Action, Principal};
 use crate::error::{Result, ServerError};
-use crate::forward::{hops, onward, onward_admin, retry};
+use crate::forward::{self, hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
 use crate::publish_pipe::{enqueue_local, PublishPipes};
@@ -159,7 +159,10 @@ impl WharfService {
             Route::Local => {
                 let local =
                     local.ok_or_else(|| ServerError::Unavailable("stream not local".into()))?;
-                enqueue_local(&local, entry.config.name, msg).await?.await
+                let mut ack = enqueue_local(&local, entry.config.name, msg).await?.await?;
+                // Lets the client send this subject here next time.
+                ack.stored_by = node.peers.addr_of(node.config.node_id).unwrap_or_default();
+                Ok(ack)
             }
             Route::Remote(n) => Ok(node
                 .peers
@@ -589,16 +592,17 @@ impl Wharf for WharfService {
         let node = &self.node;
         let entry = node.find_consumer(&open.stream, &open.consumer).await?;
         let local = node.local_consumer(&open.stream, &open.consumer);
-        let stream = match node
+        let (stream, leader) = match node
             .route(local.as_ref().map(|l| &l.group), &entry.replicas)
             .await?
         {
             Route::Local => {
                 let local =
                     local.ok_or_else(|| ServerError::Unavailable("consumer not local".into()))?;
-                self.attach(local.runtime.clone(), inbound).await?
+                let stream = self.attach(local.runtime.clone(), inbound).await?;
+                (stream, node.config.node_id)
             }
-            Route::Remote(n) => self.proxy(n, open, inbound, hops).await?,
+            Route::Remote(n) => (self.proxy(n, open, inbound, hops).await?, n),
         };
         // The session's place in the count is given back when the response
         // stream is dropped (the client went away or the session ended).
@@ -607,7 +611,10 @@ impl Wharf for WharfService {
             item
         });
         let stream = crate::stream_end::end_on_shutdown(node.shutdown.clone(), Box::pin(stream));
-        Ok(Response::new(stream))
+        let mut response = Response::new(stream);
+        let leader = node.peers.addr_of(leader);
+        forward::name_leader(&mut response, forward::CONSUMER_LEADER_HEADER, leader);
+        Ok(response)
     }
 
     async fn step_down(
