@@ -25,16 +25,11 @@ async fn publish_calls(cluster: &Cluster, id: u64) -> anyhow::Result<f64> {
     .unwrap_or(0.0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publishes_go_straight_to_the_stream_leader() -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(3).await?;
-    cluster.add_stream("ORDERS", &["orders.>"]).await?;
-    let leader = cluster
-        .wait_group_leader("ORDERS", Duration::from_secs(20))
-        .await?;
+/// A node other than `leader`, and a client seeded with every node, that
+/// one first: without routing, every call would enter there and be
+/// forwarded or relayed.
+fn follower_first_client(cluster: &Cluster, leader: u64) -> anyhow::Result<(u64, Client)> {
     let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-    // The follower is the first seed, so without routing every publish
-    // would enter there and be forwarded.
     let mut seeds = vec![cluster.node(follower).addr.clone()];
     seeds.extend(
         (1..=3)
@@ -42,6 +37,17 @@ async fn publishes_go_straight_to_the_stream_leader() -> anyhow::Result<()> {
             .map(|n| cluster.node(n).addr.clone()),
     );
     let client = Client::new(&seeds.join(","))?.with_retry_for(Duration::from_secs(30));
+    Ok((follower, client))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_go_straight_to_the_stream_leader() -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    cluster.add_stream("ORDERS", &["orders.>"]).await?;
+    let leader = cluster
+        .wait_group_leader("ORDERS", Duration::from_secs(20))
+        .await?;
+    let (follower, client) = follower_first_client(&cluster, leader)?;
 
     let first = client.publish("orders.created", "0").await?;
     assert_eq!(first.stored_by, cluster.node(leader).addr, "{first:?}");
@@ -137,14 +143,7 @@ async fn a_worker_session_moves_to_the_consumer_leader() -> anyhow::Result<()> {
     let leader = cluster
         .wait_group_leader(group, Duration::from_secs(20))
         .await?;
-    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-    let mut seeds = vec![cluster.node(follower).addr.clone()];
-    seeds.extend(
-        (1..=3)
-            .filter(|&n| n != follower)
-            .map(|n| cluster.node(n).addr.clone()),
-    );
-    let client = Client::new(&seeds.join(","))?.with_retry_for(Duration::from_secs(30));
+    let (follower, client) = follower_first_client(&cluster, leader)?;
     for i in 0..10 {
         client.publish("orders.created", format!("m{i}")).await?;
     }

@@ -350,19 +350,7 @@ mod tests {
         std::fs::write(&path, &example).unwrap();
         let args = ServerArgs {
             config: Some(path),
-            node_id: None,
-            listen: None,
-            data: None,
-            peers: None,
-            join: None,
-            heartbeat_ms: None,
-            election_min_ms: None,
-            election_max_ms: None,
-            snapshot_every_entries: None,
-            worker_threads: None,
-            metrics_listen: None,
-            log_format: None,
-            limits: Default::default(),
+            ..no_flags()
         };
         assert_eq!(log_format_of(&args), LogFormat::Json);
         assert_eq!(super::worker_threads(&args).unwrap(), worker_threads);
@@ -379,18 +367,14 @@ mod tests {
         assert_eq!(c.limits.max_connections_per_ip, 1024);
     }
 
-    fn log_format_of(args: &ServerArgs) -> LogFormat {
-        log_format(args).unwrap()
-    }
-
-    #[test]
-    fn metrics_listen_and_log_format_from_flags() {
-        let mut args = ServerArgs {
+    /// `wharf server` with no flags at all.
+    fn no_flags() -> ServerArgs {
+        ServerArgs {
             config: None,
-            node_id: Some("1".into()),
-            listen: Some("127.0.0.1:1".into()),
-            data: Some("/d".into()),
-            peers: Some("1=a:1".into()),
+            node_id: None,
+            listen: None,
+            data: None,
+            peers: None,
             join: None,
             heartbeat_ms: None,
             election_min_ms: None,
@@ -400,7 +384,27 @@ mod tests {
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
-        };
+        }
+    }
+
+    /// Flags naming a one-node cluster, nothing else.
+    fn one_node_flags() -> ServerArgs {
+        ServerArgs {
+            node_id: Some("1".into()),
+            listen: Some("127.0.0.1:1".into()),
+            data: Some("/d".into()),
+            peers: Some("1=a:1".into()),
+            ..no_flags()
+        }
+    }
+
+    fn log_format_of(args: &ServerArgs) -> LogFormat {
+        log_format(args).unwrap()
+    }
+
+    #[test]
+    fn metrics_listen_and_log_format_from_flags() {
+        let mut args = one_node_flags();
         assert_eq!(log_format_of(&args), LogFormat::Text, "text by default");
         args.log_format = Some("json".into());
         assert_eq!(log_format_of(&args), LogFormat::Json);
@@ -430,19 +434,8 @@ mod tests {
         std::fs::write(&path, "node_id = 2\nlisten = \"127.0.0.1:1\"\ndata = \"/d\"\npeers = \"1=a:1,2=b:2\"\nheartbeat_ms = 300\n").unwrap();
         let args = ServerArgs {
             config: Some(path),
-            node_id: None,
             listen: Some("127.0.0.1:9".into()),
-            data: None,
-            peers: None,
-            join: None,
-            heartbeat_ms: None,
-            election_min_ms: None,
-            election_max_ms: None,
-            snapshot_every_entries: None,
-            worker_threads: None,
-            metrics_listen: None,
-            log_format: None,
-            limits: Default::default(),
+            ..no_flags()
         };
         let c = resolve(args).unwrap();
         assert_eq!(c.node_id, 2);
@@ -456,22 +449,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wharf.toml");
         std::fs::write(&path, "worker_threads = 3\n").unwrap();
-        let args = ServerArgs {
-            config: None,
-            node_id: Some("1".into()),
-            listen: Some("127.0.0.1:1".into()),
-            data: Some("/d".into()),
-            peers: Some("1=a:1".into()),
-            join: None,
-            heartbeat_ms: None,
-            election_min_ms: None,
-            election_max_ms: None,
-            snapshot_every_entries: None,
-            worker_threads: None,
-            metrics_listen: None,
-            log_format: None,
-            limits: Default::default(),
-        };
+        let args = one_node_flags();
         assert_eq!(
             super::worker_threads(&args).unwrap(),
             None,
