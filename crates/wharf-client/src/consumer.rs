@@ -60,10 +60,6 @@ struct Session {
     seed: usize,
 }
 
-/// Response header naming the node that leads the consumer (see the server's
-/// `forward::CONSUMER_LEADER_HEADER`).
-const CONSUMER_LEADER_HEADER: &str = "x-wharf-consumer-leader";
-
 pub struct Consumer {
     client: Client,
     stream: String,
@@ -170,7 +166,7 @@ impl Consumer {
         let resp = self.client.seed(i).consume(ReceiverStream::new(rx)).await?;
         let leader = resp
             .metadata()
-            .get(CONSUMER_LEADER_HEADER)
+            .get(pb::CONSUMER_LEADER_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|addr| self.client.seed_named(addr));
         let session = Session {

@@ -118,8 +118,7 @@ impl Client {
 
     /// The gRPC client of the current seed.
     pub(crate) fn current(&self) -> Grpc {
-        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.seeds.len();
-        self.inner.seeds[i].1.clone()
+        self.seed(self.current_index())
     }
 
     /// The index of the current seed.
@@ -401,7 +400,7 @@ impl Client {
             // Straight to the node that stored this subject last time; any
             // transient failure (it no longer leads, it is down) forgets
             // that and falls back to the seeds in turn.
-            let mut c = self.inner.seeds[i].1.clone();
+            let mut c = self.seed(i);
             match tokio::time::timeout(ATTEMPT_TIMEOUT, c.publish(req.clone())).await {
                 Ok(Ok(r)) => {
                     let ack = r.into_inner();

@@ -13,6 +13,11 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("whar
 pub mod v1 {
     tonic::include_proto!("wharf.v1");
 
+    /// Response header of a `Consume` call: the address, as the cluster
+    /// knows it, of the node leading the consumer, so a client that has it
+    /// among its seeds can attach there and skip the relay hop.
+    pub const CONSUMER_LEADER_HEADER: &str = "x-wharf-consumer-leader";
+
     pub mod raft {
         tonic::include_proto!("wharf.v1.raft");
     }

@@ -19,10 +19,6 @@ use wharf_raft::{NodeId, PeerChannel, PeerCredentials};
 use crate::error::{Result, ServerError};
 
 pub const HOPS_HEADER: &str = "x-wharf-hops";
-/// Response header of a `Consume` session: the address of the node leading
-/// the consumer, so a client that has it among its seeds can attach there
-/// and skip the proxy hop.
-pub const CONSUMER_LEADER_HEADER: &str = "x-wharf-consumer-leader";
 /// A request may be forwarded at most this many times.
 pub const MAX_HOPS: u32 = 2;
 /// How long a call keeps re-routing while a group elects a leader.
@@ -188,14 +184,12 @@ where
     }
 }
 
-/// Name the node leading the group in a response's headers (nothing when
-/// its address is unknown or not a valid header value).
-pub fn name_leader<T>(
-    response: &mut tonic::Response<T>,
-    header: &'static str,
-    addr: Option<String>,
-) {
+/// Name the node leading the consumer in a `Consume` response's headers
+/// (nothing when its address is unknown or not a valid header value).
+pub fn name_consumer_leader<T>(response: &mut tonic::Response<T>, addr: Option<String>) {
     if let Some(value) = addr.and_then(|a| a.parse().ok()) {
-        response.metadata_mut().insert(header, value);
+        response
+            .metadata_mut()
+            .insert(wharf_proto::v1::CONSUMER_LEADER_HEADER, value);
     }
 }

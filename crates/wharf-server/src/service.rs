@@ -612,8 +612,7 @@ impl Wharf for WharfService {
         });
         let stream = crate::stream_end::end_on_shutdown(node.shutdown.clone(), Box::pin(stream));
         let mut response = Response::new(stream);
-        let leader = node.peers.addr_of(leader);
-        forward::name_leader(&mut response, forward::CONSUMER_LEADER_HEADER, leader);
+        forward::name_consumer_leader(&mut response, node.peers.addr_of(leader));
         Ok(response)
     }
 

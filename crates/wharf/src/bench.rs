@@ -401,7 +401,10 @@ async fn worker(
             stats.received(&clock, &m.payload, m.delivered, now);
         }
         let acked = match args.ack {
-            AckMode::Each => consumer.ack_each(&seqs_of(&msgs)).await,
+            AckMode::Each => {
+                let seqs: Vec<u64> = msgs.iter().map(|m| m.stream_seq).collect();
+                consumer.ack_each(&seqs).await
+            }
             AckMode::All => consumer.ack(highest_seq(&msgs)).await,
         };
         if let Err(e) = acked {
@@ -415,10 +418,6 @@ async fn worker(
     }
     consumer.close();
     Ok(stats)
-}
-
-fn seqs_of(msgs: &[wharf_client::Message]) -> Vec<u64> {
-    msgs.iter().map(|m| m.stream_seq).collect()
 }
 
 /// The sequence an ack-all settles a fetched batch with: its highest (a
