@@ -331,8 +331,14 @@ mod tests {
             "a stopped flusher refuses work"
         );
         task.stop().await; // idempotent
+        let replay_db = sled::Config::new()
+            .path(dir.path().join("replay"))
+            .open()
+            .unwrap();
         assert_eq!(
-            std::fs::metadata(&journal_path).unwrap().len(),
+            crate::journal::replay(&journal_path, &replay_db)
+                .unwrap()
+                .records,
             0,
             "the last checkpoint emptied the journal"
         );

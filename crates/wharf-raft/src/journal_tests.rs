@@ -1,0 +1,209 @@
+//! The journal's file format: replay of what was synced, and nothing else.
+
+use super::*;
+
+fn db() -> (tempfile::TempDir, sled::Db) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path().join("sled"))
+        .open()
+        .unwrap();
+    (dir, db)
+}
+
+/// The records framed as the log stores frame them.
+fn framed(records: &[Record]) -> Vec<u8> {
+    let buf = JournalBuffer::default();
+    for r in records {
+        buf.push(r).unwrap();
+    }
+    buf.take(Vec::new()).unwrap()
+}
+
+fn insert(group: GroupId, index: u64, value: &[u8]) -> Record {
+    Record::LogInsert {
+        group,
+        entries: vec![(index, value.to_vec())],
+    }
+}
+
+fn log_of(db: &sled::Db, group: GroupId) -> Vec<(u64, Vec<u8>)> {
+    let log = db.open_tree(tree_names(group).0).unwrap();
+    log.iter()
+        .map(|kv| {
+            let (k, v) = kv.unwrap();
+            let key: [u8; 8] = k.as_ref().try_into().unwrap();
+            (u64::from_be_bytes(key), v.to_vec())
+        })
+        .collect()
+}
+
+fn replayed_log(path: &Path, group: GroupId) -> (Replayed, Vec<(u64, Vec<u8>)>) {
+    let (_dir, db) = db();
+    let replayed = replay(path, &db).unwrap();
+    let log = log_of(&db, group);
+    (replayed, log)
+}
+
+#[test]
+fn replay_applies_every_record_in_order() {
+    let (dir, db) = db();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    f.write_and_sync(&framed(&[
+        Record::LogInsert {
+            group: 7,
+            entries: vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())],
+        },
+        Record::LogRemove {
+            group: 7,
+            from: 3,
+            to: 3,
+        },
+    ]))
+    .unwrap();
+    f.write_and_sync(&framed(&[
+        insert(7, 3, b"C"),
+        Record::MetaSet {
+            group: 7,
+            key: b"vote".to_vec(),
+            value: b"v2".to_vec(),
+        },
+        insert(8, 1, b"x"),
+        Record::DropGroup { group: 8 },
+    ]))
+    .unwrap();
+    let replayed = replay(&path, &db).unwrap();
+    assert_eq!(replayed.records, 6);
+    assert_eq!(replayed.groups, vec![7, 8]);
+    assert_eq!(replayed.torn_bytes, 0);
+    assert_eq!(
+        log_of(&db, 7),
+        vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"C".to_vec())]
+    );
+    let meta = db.open_tree(tree_names(7).1).unwrap();
+    assert_eq!(meta.get(b"vote").unwrap().unwrap().as_ref(), b"v2");
+    assert!(log_of(&db, 8).is_empty(), "group 8 was dropped");
+}
+
+#[test]
+fn replay_stops_at_a_torn_or_corrupt_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    f.write_and_sync(&framed(&[insert(1, 1, b"kept")])).unwrap();
+    let second_at = f.pos as usize;
+    f.write_and_sync(&framed(&[insert(1, 2, b"torn")])).unwrap();
+    let end = f.pos as usize;
+    drop(f);
+    let whole = std::fs::read(&path).unwrap();
+    assert!(whole.len() > end, "the file is preallocated past its end");
+
+    // The second sync cut short (the preallocated zeros after it too).
+    std::fs::write(&path, &whole[..end - 3]).unwrap();
+    let (replayed, log) = replayed_log(&path, 1);
+    assert_eq!(replayed.records, 1);
+    assert!(replayed.torn_bytes > 0);
+    assert_eq!(log, vec![(1, b"kept".to_vec())]);
+
+    // A flipped byte in the second sync: its CRC fails.
+    let mut bad = whole.clone();
+    bad[end - 1] ^= 0xff;
+    std::fs::write(&path, &bad).unwrap();
+    let (replayed, log) = replayed_log(&path, 1);
+    assert_eq!(replayed.records, 1);
+    assert_eq!(
+        replayed.torn_bytes,
+        (end - second_at - FRAME_HEADER_BYTES) as u64
+    );
+    assert_eq!(log, vec![(1, b"kept".to_vec())]);
+
+    // Intact, both are there, and the zeros after them end the replay.
+    std::fs::write(&path, &whole).unwrap();
+    let (replayed, log) = replayed_log(&path, 1);
+    assert_eq!((replayed.records, replayed.torn_bytes), (2, 0));
+    assert_eq!(log.len(), 2);
+}
+
+#[test]
+fn after_a_clear_the_older_generation_behind_the_end_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    for i in 1..=5 {
+        f.write_and_sync(&framed(&[insert(1, i, b"old generation")]))
+            .unwrap();
+    }
+    let allocated = std::fs::metadata(&path).unwrap().len();
+    f.clear().unwrap();
+    assert_eq!(replayed_log(&path, 1).0.records, 0, "cleared");
+    // As long as each old frame: the second old frame follows it on disk.
+    f.write_and_sync(&framed(&[insert(1, 9, b"new generation")]))
+        .unwrap();
+    drop(f);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        allocated,
+        "the file is reused, not truncated"
+    );
+    let (replayed, log) = replayed_log(&path, 1);
+    assert_eq!((replayed.records, replayed.torn_bytes), (1, 0));
+    assert_eq!(log, vec![(9, b"new generation".to_vec())]);
+
+    // Reopened (as after a restart), it continues with a newer generation.
+    let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
+    f.write_and_sync(&framed(&[insert(1, 10, b"after restart")]))
+        .unwrap();
+    let (replayed, log) = replayed_log(&path, 1);
+    assert_eq!(replayed.records, 1);
+    assert_eq!(log, vec![(10, b"after restart".to_vec())]);
+}
+
+#[test]
+fn the_file_grows_in_steps_of_written_zeros_and_replays_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    let value = vec![7u8; 300 * 1024];
+    let syncs = 20u64; // about 6 MiB: past the first step
+    for i in 1..=syncs {
+        f.write_and_sync(&framed(&[insert(3, i, &value)])).unwrap();
+    }
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(len % GROW_BYTES, 0, "grown in whole steps");
+    assert!(len >= f.pos && len > GROW_BYTES);
+    let (replayed, log) = replayed_log(&path, 3);
+    assert_eq!(replayed.records, syncs);
+    assert_eq!(log.len() as u64, syncs);
+    assert!(log.iter().all(|(_, v)| *v == value));
+}
+
+#[test]
+fn a_journal_of_the_earlier_format_replays_then_restarts_in_this_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    // The earlier format: framed records from the first byte, no header.
+    let old = framed(&[insert(2, 1, b"one"), insert(2, 2, b"two")]);
+    std::fs::write(&path, &old).unwrap();
+    let (replayed, log) = replayed_log(&path, 2);
+    assert_eq!((replayed.records, replayed.torn_bytes), (2, 0));
+    assert_eq!(log.len(), 2);
+
+    let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
+    assert_eq!(replayed_log(&path, 2).0.records, 0);
+    f.write_and_sync(&framed(&[insert(2, 3, b"three")]))
+        .unwrap();
+    assert_eq!(replayed_log(&path, 2).1, vec![(3, b"three".to_vec())]);
+}
+
+#[test]
+fn a_missing_journal_replays_nothing() {
+    let (dir, db) = db();
+    let path = dir.path().join("journal");
+    assert_eq!(replay(&path, &db).unwrap(), Replayed::default());
+    let f = JournalFile::open(&path).unwrap();
+    assert!(!f.wants_checkpoint());
+    assert_eq!(replay(&path, &db).unwrap(), Replayed::default());
+}
