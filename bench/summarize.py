@@ -26,12 +26,30 @@ METRICS = [
     ("pub_async_w256", "async publish (window 256), ack p99 us", ("publish", "ack_latency_us", "p99"), "lower"),
     ("queue_batch1", "work queue, 3 workers, batch 1, msgs/s", ("consume", "msgs_per_s"), "higher"),
     ("queue_batch100", "work queue, 3 workers, batch 100, msgs/s", ("consume", "msgs_per_s"), "higher"),
-    ("e2e_rate200", "200 msgs/s open loop, ack p99 us", ("publish", "ack_latency_us", "p99"), "lower"),
-    ("e2e_rate200", "200 msgs/s open loop, end-to-end p50 us", ("consume", "e2e_latency_us", "p50"), "lower"),
-    ("e2e_rate200", "200 msgs/s open loop, end-to-end p99 us", ("consume", "e2e_latency_us", "p99"), "lower"),
+    # e2e_rate<N> rows go here, one set per rate run (open_loop_metrics)
     ("failover", "failover, longest ack gap ms", ("publish", "max_ack_gap_ms"), "lower"),
     ("failover", "failover, publish errors", ("publish", "errors"), "lower"),
 ]
+OPEN_LOOP_AT = METRICS.index(next(m for m in METRICS if m[0] == "failover"))
+
+
+def open_loop_metrics(rate):
+    """The rows of one open-loop run at `rate` msgs/s (compare.sh's e2e_rate<rate>)."""
+    w = f"e2e_rate{rate}"
+    return [
+        (w, f"{rate} msgs/s open loop, ack p50 us", ("publish", "ack_latency_us", "p50"), "lower"),
+        (w, f"{rate} msgs/s open loop, ack p99 us", ("publish", "ack_latency_us", "p99"), "lower"),
+        (w, f"{rate} msgs/s open loop, end-to-end p50 us", ("consume", "e2e_latency_us", "p50"), "lower"),
+        (w, f"{rate} msgs/s open loop, end-to-end p99 us", ("consume", "e2e_latency_us", "p99"), "lower"),
+    ]
+
+
+def metrics_for(runs):
+    """METRICS, with the open-loop rows of every rate the run has, by rate."""
+    rates = sorted({int(w[len("e2e_rate"):]) for (w, _) in runs
+                    if w.startswith("e2e_rate") and w[len("e2e_rate"):].isdigit()})
+    open_loop = [row for rate in rates for row in open_loop_metrics(rate)]
+    return METRICS[:OPEN_LOOP_AT] + open_loop + METRICS[OPEN_LOOP_AT:]
 
 
 def dig(report, path):
@@ -79,7 +97,7 @@ def main():
     raw = os.path.join(out_dir, "raw")
     runs = load(raw)
     rows = []
-    for workload, label, path, better in METRICS:
+    for workload, label, path, better in metrics_for(runs):
         entry = {"workload": workload, "metric": label, "better": better}
         for broker in ("wharf", "nats"):
             values = [dig(r, path) for r in runs.get((workload, broker), [])]
