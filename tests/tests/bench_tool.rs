@@ -129,6 +129,46 @@ async fn bench_workloads_report_every_message_and_clean_up() -> anyhow::Result<(
     Ok(())
 }
 
+/// `PublishStream` calls node `id` has answered, as its `/metrics` counts
+/// them (a stream is counted when it ends).
+async fn publish_streams(cluster: &Cluster, id: u64) -> anyhow::Result<f64> {
+    use wharf_tests::metrics::{parse, scrape, value};
+    let samples = parse(&scrape(&cluster.node(id).metrics_addr).await?)?;
+    Ok(value(
+        &samples,
+        "wharf_grpc_server_handled_total",
+        &[("grpc_method", "PublishStream"), ("grpc_code", "OK")],
+    )
+    .unwrap_or(0.0))
+}
+
+/// A pipelined publisher opens its `PublishStream` at the stream's leader.
+/// The two publishers start at different servers (node 1 and node 2), so
+/// without that at least one would open at a follower, which would answer
+/// a `PublishStream` itself and open another one to the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_publishers_open_at_the_stream_leader() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let r = bench(
+        &cluster,
+        &["--pub", "2", "--window", "16", "--msgs", "200", "--keep"],
+    )?;
+    assert_eq!(r["publish"]["msgs"], 200, "{r}");
+    assert_eq!(r["publish"]["errors"], 0, "{r}");
+    let leader = cluster
+        .wait_group_leader("BENCH", std::time::Duration::from_secs(20))
+        .await?;
+    for id in 1..=3 {
+        let calls = publish_streams(&cluster, id).await?;
+        if id == leader {
+            assert_eq!(calls, 2.0, "leader {id} answered {calls}");
+        } else {
+            assert_eq!(calls, 0.0, "follower {id} answered {calls}");
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_refuses_bad_flags_with_exit_code_one() -> anyhow::Result<()> {
     let cluster = Cluster::start(3).await?;

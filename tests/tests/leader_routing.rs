@@ -48,6 +48,12 @@ async fn publishes_go_straight_to_the_stream_leader() -> anyhow::Result<()> {
         .wait_group_leader("ORDERS", Duration::from_secs(20))
         .await?;
     let (follower, client) = follower_first_client(&cluster, leader)?;
+    // Where a caller would open a `PublishStream`: the leader's seed.
+    assert_eq!(
+        client.stream_leader_seed("ORDERS").await?,
+        Some(cluster.node(leader).addr.clone())
+    );
+    assert!(client.stream_leader_seed("NO_SUCH").await.is_err());
 
     let first = client.publish("orders.created", "0").await?;
     assert_eq!(first.stored_by, cluster.node(leader).addr, "{first:?}");
@@ -98,6 +104,7 @@ async fn a_client_that_does_not_know_the_leader_address_still_publishes() -> any
     // Seeded with the follower only: the ack names an address the client
     // was not given, so it keeps publishing through the follower.
     let client = cluster.client_of(follower);
+    assert_eq!(client.stream_leader_seed("ORDERS").await?, None);
     for i in 1..=5 {
         let ack = client.publish("orders.created", format!("{i}")).await?;
         assert_eq!(ack.seq, i);

@@ -13,7 +13,10 @@
 //!   (an ack the server confirms, like Wharf's committed ack), all of the
 //!   batch's acks awaited together, as `wharf bench` does with `ack_each`;
 //!   with `--ack all` (ack policy all) only the batch's highest sequence;
-//! - publisher and worker `i` connect to server `i % servers` first.
+//! - worker and sync publisher `i` connect to server `i % servers` first; a
+//!   pipelined publisher (`--window`) connects to the stream leader's server
+//!   first when it is found, as `wharf bench` opens its `PublishStream` at
+//!   the leader.
 //!
 //! `leader --stream NAME` prints the server name of the stream's leader (for
 //! the failover run).
@@ -120,6 +123,25 @@ async fn connect(addrs: &[String], i: u32) -> Result<async_nats::Client> {
         .with_context(|| format!("connecting to {}", order[0]))
 }
 
+/// The index in `addrs` of the server that leads `stream`, as `wharf bench`
+/// finds its stream's leader for pipelined publishers: by the leader's server
+/// name, matched against the name each address answers with.
+async fn leader_index(addrs: &[String], stream: &str) -> Option<usize> {
+    let js = jetstream::new(connect(addrs, 0).await.ok()?);
+    let info = js.get_stream(stream).await.ok()?.info().await.ok()?.clone();
+    let leader = info.cluster.and_then(|c| c.leader)?;
+    for (i, addr) in addrs.iter().enumerate() {
+        let opts = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(2));
+        let Ok(client) = async_nats::connect_with_options(addr.as_str(), opts).await else {
+            continue;
+        };
+        if client.server_info().server_name == leader {
+            return Some(i);
+        }
+    }
+    None
+}
+
 async fn bench(addrs: &[String], args: BenchArgs) -> Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let js = jetstream::new(connect(addrs, 0).await?);
@@ -174,7 +196,8 @@ async fn measure<'a>(addrs: &[String], args: &'a BenchArgs) -> Result<Report<'a>
             pubs: 1,
             ..args.clone()
         };
-        let js = jetstream::new(connect(addrs, 0).await?);
+        let at = leader_index(addrs, &args.stream).await.unwrap_or(0);
+        let js = jetstream::new(connect(addrs, at as u32).await?);
         let stats = publish_async(js, &fill, 0, clock, Progress::new(), None, false).await?;
         if stats.ok < args.msgs {
             bail!(
@@ -204,9 +227,15 @@ async fn measure<'a>(addrs: &[String], args: &'a BenchArgs) -> Result<Report<'a>
             worker(js, &args, clock, progress).await
         }));
     }
+    let leader = if args.pubs > 0 && args.window > 0 {
+        leader_index(addrs, &args.stream).await
+    } else {
+        None
+    };
     let mut publishers = Vec::new();
     for i in 0..args.pubs {
-        let js = jetstream::new(connect(addrs, i).await?);
+        let first = leader.map_or(i, |l| l as u32);
+        let js = jetstream::new(connect(addrs, first).await?);
         let (args, progress) = (args.clone(), progress.clone());
         publishers.push(tokio::spawn(async move {
             if args.window == 0 {

@@ -523,6 +523,31 @@ impl Client {
             .await
     }
 
+    /// The seed address (as configured) of the node that leads `stream`
+    /// now, when the leader is known and is one of this client's seeds.
+    /// For callers that open a `PublishStream` themselves: opened there, its
+    /// publishes are stored without the hop between nodes a follower adds.
+    /// Leadership can move at any time; a stream opened at a former leader
+    /// still works (it forwards).
+    pub async fn stream_leader_seed(&self, stream: &str) -> Result<Option<String>> {
+        let info = self.stream_info(stream).await?;
+        let leader = info.cluster.map(|c| c.leader).unwrap_or(0);
+        if leader == 0 {
+            return Ok(None);
+        }
+        let status = self.cluster_status().await?;
+        let Some(node) = status.nodes.iter().find(|n| n.id == leader) else {
+            return Ok(None);
+        };
+        Ok(self
+            .inner
+            .seeds
+            .iter()
+            .map(|(seed, _)| seed)
+            .find(|seed| routes::same_addr(seed, &node.addr))
+            .cloned())
+    }
+
     /// A worker's handle on a durable consumer.
     pub fn consumer(&self, stream: &str, name: &str) -> Consumer {
         Consumer::new(self.clone(), stream, name)

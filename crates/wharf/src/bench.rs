@@ -17,8 +17,11 @@
 //!
 //! With `--rate` sends follow a fixed timeline and latencies count from the
 //! intended send time (no coordinated omission). The stream and consumer are
-//! deleted at the end unless `--keep`. Publisher `i` talks to server
-//! `i % servers`, and so does worker `i`, like the NATS driver does.
+//! deleted at the end unless `--keep`. Worker `i` and sync publisher `i`
+//! start at server `i % servers` (the client then follows the leader, see
+//! `wharf_client`); a pipelined publisher opens its `PublishStream` at the
+//! stream's leader when that is one of the servers, else at server
+//! `i % servers`. The NATS driver connects the same way.
 //!
 //! Not measured: publish deduplication (there is none), redelivery timing.
 
@@ -114,6 +117,23 @@ async fn setup(admin: &Client, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The seed that leads `stream`, where pipelined publishers open their
+/// `PublishStream` (a unary publish finds the leader by itself, see
+/// `wharf_client`'s routes); `None` (each publisher then opens at its own
+/// seed) when it is not known.
+async fn leader_seed(addrs: &[String], retry_for: Duration, stream: &str) -> Option<String> {
+    let client = Client::new(&addrs.join(","))
+        .ok()?
+        .with_retry_for(retry_for);
+    match client.stream_leader_seed(stream).await {
+        Ok(seed) => seed,
+        Err(e) => {
+            tracing::debug!("stream leader not known: {e}");
+            None
+        }
+    }
+}
+
 /// `servers` rotated so that `addrs[i % n]` comes first.
 fn rotated(addrs: &[String], i: u32) -> String {
     let k = i as usize % addrs.len();
@@ -136,7 +156,10 @@ async fn measure<'a>(
             pubs: 1,
             ..args.clone()
         };
-        let stats = publish_async(&addrs[0], &fill, 0, clock, Progress::new(), None, false).await?;
+        let fill_at = leader_seed(addrs, retry_for, &args.stream)
+            .await
+            .unwrap_or_else(|| addrs[0].clone());
+        let stats = publish_async(&fill_at, &fill, 0, clock, Progress::new(), None, false).await?;
         if stats.ok < args.msgs {
             bail!(
                 "filling the stream: only {} of {} stored",
@@ -165,10 +188,17 @@ async fn measure<'a>(
             worker(client, &args, clock, progress).await
         }));
     }
+    let leader = if args.pubs > 0 && args.window > 0 {
+        leader_seed(addrs, retry_for, &args.stream).await
+    } else {
+        None
+    };
     let mut publishers = Vec::new();
     for i in 0..args.pubs {
         let (args, progress) = (args.clone(), progress.clone());
-        let addr = addrs[i as usize % addrs.len()].clone();
+        let addr = leader
+            .clone()
+            .unwrap_or_else(|| addrs[i as usize % addrs.len()].clone());
         let seeds = rotated(addrs, i);
         publishers.push(tokio::spawn(async move {
             if args.window == 0 {
