@@ -218,11 +218,21 @@ pub(crate) struct JournalFile {
     /// The file does not (yet) hold a header of this format: the next
     /// clear truncates it first.
     needs_reset: bool,
+    /// A clear has succeeded since open: frames may be written. Until then
+    /// the file holds what was replayed, and a frame written after it
+    /// would never be read back.
+    cleared: bool,
+    /// A write, sync or clear failed: what the file holds is unknown (a
+    /// failed fsync may have dropped dirty pages, and a later fsync can
+    /// succeed without them), so every later call fails and nothing more
+    /// is reported durable. A restart replays what is on disk.
+    failed: Option<String>,
 }
 
 impl JournalFile {
     /// Opens the journal at `path`; it must have been replayed ([`replay`])
-    /// and is emptied by the first [`Self::clear`] before anything is written.
+    /// and must be emptied by [`Self::clear`] (once sled holds what was
+    /// replayed) before anything is written.
     pub(crate) fn open(path: &Path) -> io::Result<JournalFile> {
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -245,17 +255,21 @@ impl JournalFile {
             pos: allocated.max(FILE_HEADER_BYTES as u64),
             allocated,
             needs_reset: generation.is_none(),
+            cleared: false,
+            failed: None,
         })
     }
 
     /// Writes `bytes` as one frame after the last and syncs the file.
     pub(crate) fn write_and_sync(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.usable()?;
         if bytes.is_empty() {
             return Ok(());
         }
-        if self.needs_reset {
-            // Only a journal never cleared since open: start it properly.
-            self.clear()?;
+        if !self.cleared {
+            return Err(io_err(
+                "journal written before it was cleared after open (a bug)",
+            ));
         }
         let len = u32::try_from(bytes.len()).map_err(|_| {
             io_err(format!(
@@ -263,6 +277,11 @@ impl JournalFile {
                 bytes.len()
             ))
         })?;
+        let res = self.write_frame(len, bytes);
+        self.fail_on(res)
+    }
+
+    fn write_frame(&mut self, len: u32, bytes: &[u8]) -> io::Result<()> {
         let mut header = [0u8; FRAME_HEADER_BYTES];
         header[..4].copy_from_slice(&len.to_le_bytes());
         header[4..8].copy_from_slice(&frame_crc(self.generation, bytes).to_le_bytes());
@@ -274,6 +293,24 @@ impl JournalFile {
             .write_all_at(bytes, self.pos + FRAME_HEADER_BYTES as u64)?;
         self.pos = end;
         self.file.sync_data()
+    }
+
+    /// Fails if an earlier call failed (see `failed`).
+    fn usable(&self) -> io::Result<()> {
+        match &self.failed {
+            Some(e) => Err(io_err(format!(
+                "journal failed earlier ({e}); restart the node"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers a failure for good and passes the result on.
+    fn fail_on(&mut self, res: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &res {
+            self.failed = Some(e.to_string());
+        }
+        res
     }
 
     /// Makes sure the file has written blocks up to `end`: zeros, synced
@@ -303,26 +340,45 @@ impl JournalFile {
     /// Empties the journal; call only once sled holds everything in it.
     /// Starts a new generation at the front of the file, which stays
     /// allocated (shrunk only if a burst grew it past twice the limit).
+    ///
+    /// Crash safety: until the new header is synced, the old one stands and
+    /// a replay applies all of the old generation again (harmless: sled
+    /// already holds its final values); after, the old frames are stale. So
+    /// the file is shrunk only after the header, never leaving a prefix of
+    /// the old generation to replay. A file of no known format is truncated
+    /// first: nothing of it is replayed then, and nothing needs to be.
     pub(crate) fn clear(&mut self) -> io::Result<()> {
-        if !self.needs_reset && self.pos == FILE_HEADER_BYTES as u64 {
+        self.usable()?;
+        if self.cleared && self.pos == FILE_HEADER_BYTES as u64 {
             return Ok(());
         }
-        let keep = CHECKPOINT_BYTES + GROW_BYTES;
-        if self.needs_reset || self.allocated > 2 * keep {
-            let new_len = if self.needs_reset { 0 } else { keep };
-            self.file.set_len(new_len)?;
+        let res = self.start_generation();
+        self.fail_on(res)
+    }
+
+    fn start_generation(&mut self) -> io::Result<()> {
+        if self.needs_reset {
+            self.file.set_len(0)?;
             self.file.sync_all()?;
-            self.allocated = new_len;
+            self.allocated = 0;
+            self.needs_reset = false;
         }
-        self.generation += 1;
+        let generation = self.generation + 1;
         let mut header = [0u8; FILE_HEADER_BYTES];
         header[..8].copy_from_slice(FILE_MAGIC);
-        header[8..].copy_from_slice(&self.generation.to_le_bytes());
+        header[8..].copy_from_slice(&generation.to_le_bytes());
         self.allocate(FILE_HEADER_BYTES as u64)?;
         self.file.write_all_at(&header, 0)?;
         self.file.sync_data()?;
+        self.generation = generation;
         self.pos = FILE_HEADER_BYTES as u64;
-        self.needs_reset = false;
+        self.cleared = true;
+        let keep = CHECKPOINT_BYTES + GROW_BYTES;
+        if self.allocated > 2 * keep {
+            self.file.set_len(keep)?;
+            self.file.sync_all()?;
+            self.allocated = keep;
+        }
         Ok(())
     }
 
@@ -429,7 +485,10 @@ enum Frame<'a> {
 }
 
 fn read_frame(data: &[u8], pos: usize, generation: u64) -> Frame<'_> {
-    let Some(header) = data.get(pos..pos + FRAME_HEADER_BYTES) else {
+    let Some(header) = pos
+        .checked_add(FRAME_HEADER_BYTES)
+        .and_then(|end| data.get(pos..end))
+    else {
         return Frame::End;
     };
     let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
@@ -440,7 +499,7 @@ fn read_frame(data: &[u8], pos: usize, generation: u64) -> Frame<'_> {
         return Frame::End;
     }
     let start = pos + FRAME_HEADER_BYTES;
-    match data.get(start..start + len) {
+    match start.checked_add(len).and_then(|end| data.get(start..end)) {
         Some(bytes) if frame_crc(generation, bytes) == crc => Frame::Whole {
             bytes,
             next: start + len,

@@ -50,6 +50,7 @@ fn replay_applies_every_record_in_order() {
     let (dir, db) = db();
     let path = dir.path().join("journal");
     let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
     f.write_and_sync(&framed(&[
         Record::LogInsert {
             group: 7,
@@ -91,6 +92,7 @@ fn replay_stops_at_a_torn_or_corrupt_sync() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal");
     let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
     f.write_and_sync(&framed(&[insert(1, 1, b"kept")])).unwrap();
     let second_at = f.pos as usize;
     f.write_and_sync(&framed(&[insert(1, 2, b"torn")])).unwrap();
@@ -130,6 +132,7 @@ fn after_a_clear_the_older_generation_behind_the_end_is_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal");
     let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
     for i in 1..=5 {
         f.write_and_sync(&framed(&[insert(1, i, b"old generation")]))
             .unwrap();
@@ -165,6 +168,7 @@ fn the_file_grows_in_steps_of_written_zeros_and_replays_whole() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal");
     let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
     let value = vec![7u8; 300 * 1024];
     let syncs = 20u64; // about 6 MiB: past the first step
     for i in 1..=syncs {
@@ -206,4 +210,81 @@ fn a_missing_journal_replays_nothing() {
     let f = JournalFile::open(&path).unwrap();
     assert!(!f.wants_checkpoint());
     assert_eq!(replay(&path, &db).unwrap(), Replayed::default());
+}
+
+#[test]
+fn nothing_is_written_before_the_first_clear_after_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
+    f.write_and_sync(&framed(&[insert(1, 1, b"replayed")]))
+        .unwrap();
+    drop(f);
+    // Reopened: the file holds what the next replay must see; a frame
+    // written after its end (past the zeros) would never be read back.
+    let mut f = JournalFile::open(&path).unwrap();
+    let err = f
+        .write_and_sync(&framed(&[insert(1, 2, b"lost")]))
+        .unwrap_err();
+    assert!(err.to_string().contains("before it was cleared"), "{err}");
+    assert_eq!(replayed_log(&path, 1).1, vec![(1, b"replayed".to_vec())]);
+    f.clear().unwrap();
+    f.write_and_sync(&framed(&[insert(1, 2, b"kept")])).unwrap();
+    assert_eq!(replayed_log(&path, 1).1, vec![(2, b"kept".to_vec())]);
+}
+
+#[test]
+fn after_a_failed_clear_every_call_fails() {
+    // /dev/full takes no truncation and no write: the clear fails.
+    let Ok(mut f) = JournalFile::open(Path::new("/dev/full")) else {
+        return; // not on this system
+    };
+    assert!(f.clear().is_err());
+    let err = f
+        .write_and_sync(&framed(&[insert(1, 1, b"x")]))
+        .unwrap_err();
+    assert!(err.to_string().contains("failed earlier"), "{err}");
+    assert!(f
+        .clear()
+        .unwrap_err()
+        .to_string()
+        .contains("failed earlier"));
+}
+
+#[test]
+fn replay_of_garbage_after_a_valid_header_stops_without_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    f.clear().unwrap();
+    f.write_and_sync(&framed(&[insert(4, 1, b"good")])).unwrap();
+    let end = f.pos as usize;
+    let generation = f.generation;
+    drop(f);
+    let whole = std::fs::read(&path).unwrap();
+    // A frame header of this generation claiming u32::MAX bytes.
+    let mut huge = whole[..end].to_vec();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    huge.extend_from_slice(&0u32.to_le_bytes());
+    huge.extend_from_slice(&generation.to_le_bytes());
+    huge.extend_from_slice(&[1, 2, 3]);
+    std::fs::write(&path, &huge).unwrap();
+    let (replayed, log) = replayed_log(&path, 4);
+    assert_eq!(replayed.records, 1);
+    assert!(replayed.torn_bytes > 0);
+    assert_eq!(log, vec![(1, b"good".to_vec())]);
+    // Pseudo-random bytes after the good frame, many seeds.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..200 {
+        let mut junk = whole[..end].to_vec();
+        for _ in 0..64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            junk.push(x as u8);
+        }
+        std::fs::write(&path, &junk).unwrap();
+        assert_eq!(replayed_log(&path, 4).0.records, 1);
+    }
 }
