@@ -240,6 +240,11 @@ impl JournalFile {
             .read(true)
             .write(true)
             .open(path)?;
+        // The file may have just been created: its name must be durable
+        // before anything in it is reported so.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
         let allocated = file.metadata()?.len();
         let mut header = [0u8; FILE_HEADER_BYTES];
         let generation = match file.read_exact_at(&mut header, 0) {
