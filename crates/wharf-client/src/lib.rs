@@ -193,7 +193,16 @@ impl Client {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(250));
                 }
-                Err(s) => return Err(s.into()),
+                Err(s) => {
+                    // Out of time on a transient failure: the next call
+                    // starts at the next seed, not again at this one (a
+                    // joining node can spend the whole retry window
+                    // waiting for a leader it will never learn).
+                    if error::retryable(&s) {
+                        self.rotate();
+                    }
+                    return Err(s.into());
+                }
             }
         }
     }
