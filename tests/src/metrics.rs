@@ -146,6 +146,18 @@ pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<
     }
 }
 
+/// How many calls of gRPC method `method` the node with metrics at `addr`
+/// answered OK (a streaming call counts when it ends); 0 before the first.
+pub async fn grpc_ok_calls(addr: &str, method: &str) -> Result<f64> {
+    let samples = parse(&scrape(addr).await?)?;
+    Ok(value(
+        &samples,
+        "wharf_grpc_server_handled_total",
+        &[("grpc_method", method), ("grpc_code", "OK")],
+    )
+    .unwrap_or(0.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! figures are only required to be present and positive.
 
 use serde_json::Value;
+use wharf_tests::metrics::grpc_ok_calls;
 use wharf_tests::{json, stderr, Cluster};
 
 /// Runs `wharf bench` with these flags and `--json --quiet`.
@@ -129,19 +130,6 @@ async fn bench_workloads_report_every_message_and_clean_up() -> anyhow::Result<(
     Ok(())
 }
 
-/// `PublishStream` calls node `id` has answered, as its `/metrics` counts
-/// them (a stream is counted when it ends).
-async fn publish_streams(cluster: &Cluster, id: u64) -> anyhow::Result<f64> {
-    use wharf_tests::metrics::{parse, scrape, value};
-    let samples = parse(&scrape(&cluster.node(id).metrics_addr).await?)?;
-    Ok(value(
-        &samples,
-        "wharf_grpc_server_handled_total",
-        &[("grpc_method", "PublishStream"), ("grpc_code", "OK")],
-    )
-    .unwrap_or(0.0))
-}
-
 /// A pipelined publisher opens its `PublishStream` at the stream's leader.
 /// The two publishers start at different servers (node 1 and node 2), so
 /// without that at least one would open at a follower, which would answer
@@ -159,7 +147,7 @@ async fn pipelined_publishers_open_at_the_stream_leader() -> anyhow::Result<()> 
         .wait_group_leader("BENCH", std::time::Duration::from_secs(20))
         .await?;
     for id in 1..=3 {
-        let calls = publish_streams(&cluster, id).await?;
+        let calls = grpc_ok_calls(&cluster.node(id).metrics_addr, "PublishStream").await?;
         if id == leader {
             assert_eq!(calls, 2.0, "leader {id} answered {calls}");
         } else {

@@ -11,18 +11,12 @@ use std::time::Duration;
 
 use wharf_client::proto as pb;
 use wharf_client::{Client, Consumer};
-use wharf_tests::metrics::{parse, scrape, value};
+use wharf_tests::metrics::grpc_ok_calls;
 use wharf_tests::Cluster;
 
 /// `Publish` calls node `id` answered OK, as its `/metrics` counts them.
 async fn publish_calls(cluster: &Cluster, id: u64) -> anyhow::Result<f64> {
-    let samples = parse(&scrape(&cluster.node(id).metrics_addr).await?)?;
-    Ok(value(
-        &samples,
-        "wharf_grpc_server_handled_total",
-        &[("grpc_method", "Publish"), ("grpc_code", "OK")],
-    )
-    .unwrap_or(0.0))
+    grpc_ok_calls(&cluster.node(id).metrics_addr, "Publish").await
 }
 
 /// A node other than `leader`, and a client seeded with every node, that
