@@ -549,12 +549,8 @@ impl Client {
             return Ok(None);
         };
         Ok(self
-            .inner
-            .seeds
-            .iter()
-            .map(|(seed, _)| seed)
-            .find(|seed| routes::same_addr(seed, &node.addr))
-            .cloned())
+            .seed_named(&node.addr)
+            .map(|i| self.seed_addr(i).to_string()))
     }
 
     /// A worker's handle on a durable consumer.
