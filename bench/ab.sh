@@ -38,6 +38,7 @@ flags_of() {
     pub_sync) echo "--pub 1 --duration 5s --size 128" ;;
     pub_async_w256) echo "--pub 1 --window 256 --duration 5s --size 128" ;;
     queue_batch1) echo "--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128" ;;
+    queue_batch1_acknext) echo "--pub 0 --sub 3 --batch 1 --ack-next --msgs 3000 --size 128" ;;
     queue_batch100) echo "--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128" ;;
     *) echo "unknown workload $1" >&2; exit 1 ;;
   esac

@@ -11,6 +11,9 @@
 #   OPEN_LOOP_RATES="50 200 600" bench/compare.sh
 #                                 # open-loop latency at each of these rates
 #                                 # (msgs/s; default 200)
+#   ONLY="queue_batch1 queue_batch1_acknext" bench/compare.sh
+#                                 # only these workloads, and no memory, disk
+#                                 # or failover runs (a quick A/B of two brokers)
 #   THREADS_PER_NODE=1 bench/compare.sh
 #                                 # each server process runs on that many threads:
 #                                 # Wharf `--worker-threads 1`, NATS GOMAXPROCS=1
@@ -49,6 +52,7 @@ WORKLOADS=(
   "pub_sync|--pub 1 --duration $DUR --size 128"
   "pub_async_w256|--pub 1 --window 256 --duration $DUR --size 128"
   "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
+  "queue_batch1_acknext|--pub 0 --sub 3 --batch 1 --ack-next --msgs 3000 --size 128"
   "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128"
 )
 # Open-loop runs, one per rate (msgs/s): latency at a fixed offered load.
@@ -56,6 +60,15 @@ for rate in ${OPEN_LOOP_RATES:-200}; do
   [[ $rate =~ ^[1-9][0-9]*$ ]] || { echo "OPEN_LOOP_RATES: '$rate' is not a rate in msgs/s" >&2; exit 1; }
   WORKLOADS+=("e2e_rate$rate|--pub 1 --window 64 --sub 3 --batch 1 --rate $rate --duration $DUR --size 128")
 done
+
+if [ -n "${ONLY:-}" ]; then
+  KEPT=()
+  for w in "${WORKLOADS[@]}"; do
+    for o in $ONLY; do [ "${w%%|*}" = "$o" ] && KEPT+=("$w"); done
+  done
+  [ ${#KEPT[@]} -gt 0 ] || { echo "ONLY: no workload is named '$ONLY'" >&2; exit 1; }
+  WORKLOADS=("${KEPT[@]}")
+fi
 
 declare -A WHARF_PID NATS_PID
 cleanup() {
@@ -263,11 +276,13 @@ for rep in $(seq 1 "$REPS"); do
     fi
   done
 done
-memory wharf
-memory nats
-disk wharf
-disk nats
-failover wharf
-failover nats
+if [ -z "${ONLY:-}" ]; then
+  memory wharf
+  memory nats
+  disk wharf
+  disk nats
+  failover wharf
+  failover nats
+fi
 find "$OUT/raw" -name "*.err" -empty -delete
 python3 "$ROOT/bench/summarize.py" "$OUT"

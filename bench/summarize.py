@@ -25,6 +25,7 @@ METRICS = [
     ("pub_async_w256", "async publish (window 256), msgs/s", ("publish", "msgs_per_s"), "higher"),
     ("pub_async_w256", "async publish (window 256), ack p99 us", ("publish", "ack_latency_us", "p99"), "lower"),
     ("queue_batch1", "work queue, 3 workers, batch 1, msgs/s", ("consume", "msgs_per_s"), "higher"),
+    ("queue_batch1_acknext", "work queue, 3 workers, batch 1, acks with the next pull, msgs/s", ("consume", "msgs_per_s"), "higher"),
     ("queue_batch100", "work queue, 3 workers, batch 100, msgs/s", ("consume", "msgs_per_s"), "higher"),
     # e2e_rate<N> rows go here, one set per rate run (open_loop_metrics)
     ("failover", "failover, longest ack gap ms", ("publish", "max_ack_gap_ms"), "lower"),

@@ -1,6 +1,7 @@
 //! `Consumer::ack_each`: a batch's acks are sent together, committed
 //! together (a few Raft entries, not one each), and ride through the loss of
-//! the consumer's leader.
+//! the consumer's leader. `Consumer::ack_and_fetch`, which sends a batch's
+//! acks with the next pull, does the same.
 
 use std::time::Duration;
 
@@ -117,5 +118,114 @@ async fn acks_sent_together_survive_the_loss_of_the_consumer_leader() -> anyhow:
     let mut fresh = client.consumer("JOBS", "w");
     let more = fresh.fetch(10, Duration::from_millis(500)).await?;
     assert!(more.is_empty(), "acked messages came back: {more:?}");
+    Ok(())
+}
+
+/// `ack_and_fetch` over a whole queue: every batch's acks ride with the
+/// next pull; at the end nothing is pending, the ack floor is the last
+/// message, and each message came exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_sent_with_the_next_pull_settle_every_message_once() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let client = setup(&cluster, 40).await?;
+    let mut worker = client.consumer("JOBS", "w");
+    let mut seen = Vec::new();
+    let mut batch = worker.fetch(3, Duration::from_secs(5)).await?;
+    while !batch.is_empty() {
+        let seqs: Vec<u64> = batch.iter().map(|m| m.stream_seq).collect();
+        seen.extend_from_slice(&seqs);
+        batch = worker
+            .ack_and_fetch(&seqs, 3, Duration::from_millis(500))
+            .await?;
+    }
+    assert_eq!(seen, (1..=40).collect::<Vec<u64>>());
+    let info = client.consumer_info("JOBS", "w").await?;
+    assert_eq!(info.num_ack_pending, 0, "{info:?}");
+    assert_eq!(
+        info.ack_floor.as_ref().map(|f| f.stream_seq),
+        Some(40),
+        "{info:?}"
+    );
+    Ok(())
+}
+
+/// A worker that acks with its next pull costs the consumer one Raft entry
+/// per message: the leader commits the acks in the entry that delivers the
+/// next message. Sent on their own they would take an entry each as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_sent_with_the_next_pull_share_its_delivery_entry() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let client = setup(&cluster, 30).await?;
+    let mut worker = client.consumer("JOBS", "w");
+    let mut batch = worker.fetch(1, Duration::from_secs(5)).await?;
+    let before = consumer_applied(&cluster).await?;
+    let mut seen = Vec::new();
+    while !batch.is_empty() {
+        let seqs: Vec<u64> = batch.iter().map(|m| m.stream_seq).collect();
+        seen.extend_from_slice(&seqs);
+        batch = worker
+            .ack_and_fetch(&seqs, 1, Duration::from_millis(300))
+            .await?;
+    }
+    let after = consumer_applied(&cluster).await?;
+    assert_eq!(seen, (1..=30).collect::<Vec<u64>>());
+    // 29 entries that ack one message and deliver the next, one for the last
+    // ack (nothing left to deliver); two apiece would be 59.
+    assert!(
+        after - before <= 32,
+        "30 messages acked with the next pull took {} consumer entries",
+        after - before
+    );
+    let info = client.consumer_info("JOBS", "w").await?;
+    assert_eq!(info.num_ack_pending, 0, "{info:?}");
+    Ok(())
+}
+
+/// The consumer's leader dies between a fetch and the acks that go with
+/// the next pull: the acks are resent through the new leader and the pull
+/// made again, so the worker goes on with the rest and nothing it acked
+/// comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_sent_with_the_next_pull_survive_the_loss_of_the_consumer_leader() -> anyhow::Result<()>
+{
+    let mut cluster = Cluster::start(3).await?;
+    let client = setup(&cluster, 20).await?;
+    let mut worker = client.consumer("JOBS", "w");
+    let first = fetch_n(&mut worker, 10).await?;
+    let seqs: Vec<u64> = first.iter().map(|m| m.stream_seq).collect();
+    assert_eq!(seqs, (1..=10).collect::<Vec<u64>>());
+
+    let leader = cluster
+        .wait_group_leader(CONSUMER_GROUP, Duration::from_secs(30))
+        .await?;
+    cluster.kill(leader);
+    let mut rest = worker
+        .ack_and_fetch(&seqs, 10, Duration::from_secs(5))
+        .await?;
+    while rest.len() < 10 {
+        let more = worker.fetch(10, Duration::from_secs(5)).await?;
+        anyhow::ensure!(
+            !more.is_empty(),
+            "stopped at {} of 10: {rest:?}",
+            rest.len()
+        );
+        rest.extend(more);
+    }
+    let rest_seqs: Vec<u64> = rest.iter().map(|m| m.stream_seq).collect();
+    assert_eq!(rest_seqs, (11..=20).collect::<Vec<u64>>());
+    worker.ack_each(&rest_seqs).await?;
+
+    let info = eventually(
+        "consumer info after failover",
+        Duration::from_secs(30),
+        || async { client.consumer_info("JOBS", "w").await.ok() },
+    )
+    .await?;
+    assert_eq!(info.num_ack_pending, 0, "{info:?}");
+    assert_eq!(
+        info.ack_floor.as_ref().map(|f| f.stream_seq),
+        Some(20),
+        "{info:?}"
+    );
     Ok(())
 }

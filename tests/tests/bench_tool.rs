@@ -101,6 +101,34 @@ async fn bench_workloads_report_every_message_and_clean_up() -> anyhow::Result<(
     let out = cluster.wharf(&["stream", "rm", "BENCH"]);
     assert!(out.status.success(), "{}", stderr(&out));
 
+    // A drained work queue whose workers send each batch's acks with the
+    // next pull: everything is acked once, nothing redelivered.
+    let r = bench(
+        &cluster,
+        &[
+            "--pub",
+            "0",
+            "--sub",
+            "3",
+            "--batch",
+            "1",
+            "--msgs",
+            "300",
+            "--ack-next",
+            "--keep",
+        ],
+    )?;
+    assert_eq!(r["workload"]["ack_next"], true, "{r}");
+    assert_eq!(r["consume"]["msgs"], 300, "{r}");
+    assert_eq!(r["consume"]["errors"], 0, "{r}");
+    assert_eq!(r["consume"]["redelivered"], 0, "{r}");
+    let info = json(&cluster.wharf(&["consumer", "info", "BENCH", "workers", "--json"]))?;
+    assert_eq!(info["ack_floor"]["stream_seq"], 300, "{info}");
+    assert_eq!(info["num_ack_pending"], 0, "{info}");
+    assert_eq!(info["num_pending"], 0, "{info}");
+    let out = cluster.wharf(&["stream", "rm", "BENCH"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
     // Open loop: sends follow the timeline, never faster than --rate.
     let r = bench(
         &cluster,

@@ -13,6 +13,8 @@
 //!   (an ack the server confirms, like Wharf's committed ack), all of the
 //!   batch's acks awaited together, as `wharf bench` does with `ack_each`;
 //!   with `--ack all` (ack policy all) only the batch's highest sequence;
+//!   with `--ack-next` a batch's confirmed acks and the next fetch are
+//!   awaited together, as `wharf bench` does with `ack_and_fetch`;
 //! - worker and sync publisher `i` connect to server `i % servers` first; a
 //!   pipelined publisher (`--window`) connects to the stream leader's server
 //!   first when it is found, as `wharf bench` opens its `PublishStream` at
@@ -413,31 +415,21 @@ async fn worker(
         .await?;
     let mut stats = SubStats::default();
     let mut last_seen = Instant::now();
+    // With --ack-next: the last batch, whose acks go out with the next fetch.
+    let mut unacked: Vec<jetstream::Message> = Vec::new();
     while !progress.workers_done() {
-        let mut msgs = Vec::with_capacity(args.batch as usize);
-        match consumer
-            .fetch()
-            .max_messages(args.batch as usize)
-            .expires(FETCH_WAIT)
-            .messages()
-            .await
-        {
-            Ok(mut batch) => {
-                while let Some(m) = batch.next().await {
-                    match m {
-                        Ok(m) => msgs.push(m),
-                        Err(_) => {
-                            stats.errors += 1;
-                            progress.errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            }
-            Err(_) => {
-                stats.errors += 1;
-                progress.errors.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        let (fetched, acks) = tokio::join!(fetch(&consumer, args.batch), settle(&unacked, args.ack));
+        if !unacked.is_empty() {
+            count_errors(acks, &mut stats, &progress);
+            progress
+                .consumed
+                .fetch_add(unacked.len() as u64, Ordering::Relaxed);
+            unacked.clear();
+        }
+        let (msgs, fetch_errors) = fetched;
+        for _ in 0..fetch_errors {
+            stats.errors += 1;
+            progress.errors.fetch_add(1, Ordering::Relaxed);
         }
         let now = Instant::now();
         if msgs.is_empty() {
@@ -451,26 +443,83 @@ async fn worker(
             let delivered = m.info().map(|i| i.delivered.max(1) as u64).unwrap_or(1);
             stats.received(&clock, &m.payload, delivered, now);
         }
-        let acks = match args.ack {
-            AckMode::Each => futures::future::join_all(msgs.iter().map(|m| m.double_ack())).await,
-            // Ack policy all: the highest stream sequence settles the batch.
-            AckMode::All => {
-                let last = msgs
-                    .iter()
-                    .max_by_key(|m| m.info().map(|i| i.stream_sequence).unwrap_or(0))
-                    .expect("a non-empty batch");
-                vec![last.double_ack().await]
-            }
-        };
-        for ack in acks {
-            if ack.is_err() {
-                stats.errors += 1;
-                progress.errors.fetch_add(1, Ordering::Relaxed);
-            }
+        if args.ack_next {
+            unacked = msgs;
+            continue;
         }
+        let acks = settle(&msgs, args.ack).await;
+        count_errors(acks, &mut stats, &progress);
         progress
             .consumed
             .fetch_add(msgs.len() as u64, Ordering::Relaxed);
     }
+    if !unacked.is_empty() {
+        let acks = settle(&unacked, args.ack).await;
+        count_errors(acks, &mut stats, &progress);
+        progress
+            .consumed
+            .fetch_add(unacked.len() as u64, Ordering::Relaxed);
+    }
     Ok(stats)
+}
+
+/// One fetch of up to `batch` messages: the messages and how many errors came with them.
+async fn fetch(
+    consumer: &jetstream::consumer::PullConsumer,
+    batch: u32,
+) -> (Vec<jetstream::Message>, u64) {
+    let mut msgs = Vec::with_capacity(batch as usize);
+    let mut errors = 0;
+    match consumer
+        .fetch()
+        .max_messages(batch as usize)
+        .expires(FETCH_WAIT)
+        .messages()
+        .await
+    {
+        Ok(mut batch) => {
+            while let Some(m) = batch.next().await {
+                match m {
+                    Ok(m) => msgs.push(m),
+                    Err(_) => errors += 1,
+                }
+            }
+        }
+        Err(_) => {
+            errors += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    (msgs, errors)
+}
+
+/// Ack a fetched batch, each ack confirmed by the server (`double_ack`):
+/// every message, or with ack policy all the highest stream sequence,
+/// which settles the batch. Nothing to do for an empty batch.
+async fn settle(
+    msgs: &[jetstream::Message],
+    mode: AckMode,
+) -> Vec<Result<(), async_nats::Error>> {
+    if msgs.is_empty() {
+        return Vec::new();
+    }
+    match mode {
+        AckMode::Each => futures::future::join_all(msgs.iter().map(|m| m.double_ack())).await,
+        AckMode::All => {
+            let last = msgs
+                .iter()
+                .max_by_key(|m| m.info().map(|i| i.stream_sequence).unwrap_or(0))
+                .expect("a non-empty batch");
+            vec![last.double_ack().await]
+        }
+    }
+}
+
+fn count_errors(acks: Vec<Result<(), async_nats::Error>>, stats: &mut SubStats, progress: &Progress) {
+    for ack in acks {
+        if ack.is_err() {
+            stats.errors += 1;
+            progress.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }

@@ -5,7 +5,10 @@
 //! node, asks `wharf_core::dispatch::Dispatcher` for a round-robin plan over the
 //! waiting pulls, proposes the plan as one `Deliver` entry, and only after that
 //! entry is applied sends each message to its worker. Acks from every session
-//! are batched into `Ack` entries. Both kinds are pipelined (a few entries in
+//! are batched into `Ack` entries, or, when a delivery is planned while they
+//! wait, ride in its entry ahead of it (`AcksThenDeliver`): a worker that
+//! sends its acks with its next pull ("ack next") waits for one commit per
+//! message instead of two. Both kinds are pipelined (a few entries in
 //! flight); a `DeliverAfter` entry names the consumer position its first
 //! deliveries follow, so one applied after a failed one delivers none of
 //! them rather than skip the failed plan's messages.
@@ -79,9 +82,12 @@ pub enum Event {
         session: SessionId,
         out: Outbox,
     },
+    /// A pull, and the acks that came with it ("ack next"), which are
+    /// taken first.
     Pull {
         session: SessionId,
         pull: pb::PullRequest,
+        acks: Vec<PendingAck>,
     },
     Ack(PendingAck),
     Close {
@@ -152,6 +158,8 @@ enum WriteDone {
         assignments: Vec<Assignment>,
         /// Every seq the proposal named, to settle in the dispatcher.
         settle: Vec<u64>,
+        /// Acks that rode in the same entry (`AcksThenDeliver`).
+        acks: Vec<PendingAck>,
         result: Result<Vec<u8>, RaftError>,
     },
     Ack {
@@ -346,20 +354,18 @@ impl Runner {
                 }
                 self.sessions.insert(session, out);
             }
-            Event::Pull { session, pull } => {
+            Event::Pull {
+                session,
+                pull,
+                acks,
+            } => {
+                for ack in acks {
+                    self.on_ack(ack);
+                }
                 self.last_active_ms.store(now_ms(), Ordering::Relaxed);
                 self.on_pull(session, pull)
             }
-            Event::Ack(ack) => {
-                if self.leader && self.acks.len() < MAX_ACK_BATCH * 16 {
-                    if ack.kind != AckKind::InProgress {
-                        self.sent.remove(&ack.stream_seq);
-                    }
-                    self.acks.push(ack);
-                } else if ack.reply_id != 0 {
-                    self.reply_ack(ack.session, ack.reply_id, "ack not accepted: retry".into());
-                }
-            }
+            Event::Ack(ack) => self.on_ack(ack),
             // Handled in the run loop, which ends the runtime.
             Event::Deleted => {}
             Event::Close { session } => {
@@ -369,6 +375,19 @@ impl Runner {
                 self.no_wait.retain(|(s, _)| *s != session);
                 self.pull_end.retain(|(s, _), _| *s != session);
             }
+        }
+    }
+
+    /// Queue an ack for the next entry that carries acks (`flush_acks`, or a
+    /// delivery planned before then: `dispatch`).
+    fn on_ack(&mut self, ack: PendingAck) {
+        if self.leader && self.acks.len() < MAX_ACK_BATCH * 16 {
+            if ack.kind != AckKind::InProgress {
+                self.sent.remove(&ack.stream_seq);
+            }
+            self.acks.push(ack);
+        } else if ack.reply_id != 0 {
+            self.reply_ack(ack.session, ack.reply_id, "ack not accepted: retry".into());
         }
     }
 
@@ -491,12 +510,30 @@ impl Runner {
                 return;
             }
             let settle = plan.all_seqs();
-            let cmd = ConsumerCommand::DeliverAfter {
-                now_ms: now,
-                stream_seqs: plan.assignments.iter().map(|a| a.stream_seq).collect(),
-                gone: plan.gone,
-                exhausted: plan.exhausted,
-                first_after: plan.first_after,
+            let stream_seqs = plan.assignments.iter().map(|a| a.stream_seq).collect();
+            // Acks waiting now ride in this entry, before the deliveries
+            // (a worker that acked and pulled again gets both in one commit).
+            let acks: Vec<PendingAck> = {
+                let take = self.acks.len().min(MAX_ACK_BATCH);
+                self.acks.drain(..take).collect()
+            };
+            let cmd = if acks.is_empty() {
+                ConsumerCommand::DeliverAfter {
+                    now_ms: now,
+                    stream_seqs,
+                    gone: plan.gone,
+                    exhausted: plan.exhausted,
+                    first_after: plan.first_after,
+                }
+            } else {
+                ConsumerCommand::AcksThenDeliver {
+                    now_ms: now,
+                    acks: ack_items(&acks),
+                    stream_seqs,
+                    gone: plan.gone,
+                    exhausted: plan.exhausted,
+                    first_after: plan.first_after,
+                }
             };
             let Ok(cmd) = bincode::serialize(&cmd) else {
                 return;
@@ -510,6 +547,7 @@ impl Runner {
                     WriteDone::Deliver {
                         assignments,
                         settle,
+                        acks,
                         result,
                     }
                 }
@@ -526,10 +564,7 @@ impl Runner {
         let acks: Vec<_> = self.acks.drain(..take).collect();
         let cmd = ConsumerCommand::Acks {
             now_ms: now_ms(),
-            items: acks
-                .iter()
-                .map(|a| (a.stream_seq, a.kind.clone()))
-                .collect(),
+            items: ack_items(&acks),
         };
         let Ok(cmd) = bincode::serialize(&cmd) else {
             return;
@@ -556,10 +591,12 @@ impl Runner {
             WriteDone::Deliver {
                 assignments,
                 settle,
+                acks,
                 result,
             } => {
                 self.deliver_inflight -= 1;
                 self.dispatcher.settle(&settle);
+                self.reply_acks(acks, &result);
                 match result.map(|b| bincode::deserialize::<ConsumerResponse>(&b)) {
                     Ok(Ok(resp)) => self.deliver(assignments, resp),
                     Ok(Err(e)) => tracing::error!("undecodable deliver response: {e}"),
@@ -574,21 +611,26 @@ impl Runner {
             }
             WriteDone::Ack { acks, result } => {
                 self.ack_inflight -= 1;
-                let error = match result {
-                    Ok(_) => String::new(),
-                    Err(e) => format!("ack not committed: {e}; retry"),
-                };
-                for ack in acks {
-                    if ack.reply_id != 0 {
-                        self.reply_ack(ack.session, ack.reply_id, error.clone());
-                    }
-                }
+                self.reply_acks(acks, &result);
             }
             WriteDone::Config { result } => {
                 self.config_inflight = false;
                 if let Err(e) = result {
                     tracing::warn!(consumer = %self.ctx.name, "config update not committed: {e}");
                 }
+            }
+        }
+    }
+
+    /// Answer the synchronous acks of a committed (or failed) entry.
+    fn reply_acks(&mut self, acks: Vec<PendingAck>, result: &Result<Vec<u8>, RaftError>) {
+        let error = match result {
+            Ok(_) => String::new(),
+            Err(e) => format!("ack not committed: {e}; retry"),
+        };
+        for ack in acks {
+            if ack.reply_id != 0 {
+                self.reply_ack(ack.session, ack.reply_id, error.clone());
             }
         }
     }
@@ -645,4 +687,11 @@ impl Runner {
             }
         }
     }
+}
+
+/// The replicated form of queued acks.
+fn ack_items(acks: &[PendingAck]) -> Vec<(u64, AckKind)> {
+    acks.iter()
+        .map(|a| (a.stream_seq, a.kind.clone()))
+        .collect()
 }

@@ -60,9 +60,21 @@ pub fn check_add_consumer(msg: &pb::AddConsumerRequest) -> Result<ConsumerConfig
     consumer_config_from_pb(msg.config.clone())
 }
 
+/// Acks one pull may carry ("ack next").
+pub const MAX_ACKS_PER_PULL: usize = 4096;
+
 /// A pull: a batch of 1 to `max_pull_batch`, `max_bytes` within
-/// `max_pull_bytes`.
+/// `max_pull_bytes`, at most `MAX_ACKS_PER_PULL` acks, each of a known kind.
 pub fn check_pull(limits: &Limits, pull: &pb::PullRequest) -> Result<()> {
+    if pull.acks.len() > MAX_ACKS_PER_PULL {
+        return Err(ServerError::Invalid(format!(
+            "a pull carries at most {MAX_ACKS_PER_PULL} acks, got {}",
+            pull.acks.len()
+        )));
+    }
+    for ack in &pull.acks {
+        check_ack(ack)?;
+    }
     if pull.batch == 0 || pull.batch > limits.max_pull_batch {
         return Err(ServerError::Invalid(format!(
             "pull batch must be 1 to {}, got {}: max_pull_batch is {}",
@@ -78,6 +90,13 @@ pub fn check_pull(limits: &Limits, pull: &pb::PullRequest) -> Result<()> {
     Ok(())
 }
 
+/// An ack: a kind this server knows.
+pub fn check_ack(ack: &pb::AckRequest) -> Result<()> {
+    pb::AckKind::try_from(ack.kind)
+        .map(|_| ())
+        .map_err(|_| ServerError::Invalid(format!("unknown ack kind {}", ack.kind)))
+}
+
 /// The opening message of a Consume session: names that could exist.
 pub fn check_consume_open(open: &pb::ConsumeOpen) -> Result<()> {
     validate_name("stream", &open.stream)?;
@@ -89,9 +108,7 @@ pub fn check_consume_open(open: &pb::ConsumeOpen) -> Result<()> {
 pub fn check_consume_request(limits: &Limits, req: &pb::ConsumeRequest) -> Result<()> {
     match &req.kind {
         Some(pb::consume_request::Kind::Pull(pull)) => check_pull(limits, pull),
-        Some(pb::consume_request::Kind::Ack(ack)) => pb::AckKind::try_from(ack.kind)
-            .map(|_| ())
-            .map_err(|_| ServerError::Invalid(format!("unknown ack kind {}", ack.kind))),
+        Some(pb::consume_request::Kind::Ack(ack)) => check_ack(ack),
         Some(pb::consume_request::Kind::Open(open)) => check_consume_open(open),
         None => Ok(()),
     }
@@ -143,6 +160,29 @@ mod tests {
             .to_string();
         assert!(e.contains("max_pull_bytes is 1000"), "{e}");
         assert!(check_pull(&limits(), &pull(0, 0)).is_err());
+    }
+
+    #[test]
+    fn acks_riding_in_a_pull_are_bounded_and_of_known_kinds() {
+        let pull = |acks: Vec<pb::AckRequest>| pb::PullRequest {
+            batch: 1,
+            acks,
+            ..Default::default()
+        };
+        let ack = pb::AckRequest::default();
+        assert_eq!(
+            check_pull(&limits(), &pull(vec![ack.clone(); MAX_ACKS_PER_PULL])),
+            Ok(())
+        );
+        let e = check_pull(&limits(), &pull(vec![ack.clone(); MAX_ACKS_PER_PULL + 1]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 4096 acks"), "{e}");
+        let odd = pb::AckRequest { kind: 9, ..ack };
+        let e = check_pull(&limits(), &pull(vec![odd]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown ack kind 9"), "{e}");
     }
 
     #[test]

@@ -51,41 +51,34 @@ impl WharfService {
                     Ok(None) | Err(_) => break,
                 };
                 let event = match kind {
-                    pb::consume_request::Kind::Pull(pull) => {
+                    pb::consume_request::Kind::Pull(mut pull) => {
                         if let Err(e) = check_pull(&limits, &pull) {
                             let _ = tx.send(Err(Status::from(e))).await;
                             break;
                         }
-                        Event::Pull { session, pull }
-                    }
-                    pb::consume_request::Kind::Ack(ack) => {
-                        let kind = match pb::AckKind::try_from(ack.kind) {
-                            Ok(pb::AckKind::Ack) => AckKind::Ack,
-                            Ok(pb::AckKind::Nak) => AckKind::Nak {
-                                delay_ms: ack.delay_ms,
+                        let acks = std::mem::take(&mut pull.acks)
+                            .iter()
+                            .map(|ack| pending_ack(session, ack))
+                            .collect::<std::result::Result<Vec<_>, _>>();
+                        match acks {
+                            Ok(acks) => Event::Pull {
+                                session,
+                                pull,
+                                acks,
                             },
-                            Ok(pb::AckKind::InProgress) => AckKind::InProgress,
-                            Ok(pb::AckKind::Term) => {
-                                if !ack.reason.is_empty() {
-                                    tracing::info!(stream_seq = ack.stream_seq, reason = %ack.reason, "message termed");
-                                }
-                                AckKind::Term {
-                                    reason: truncate_reason(&ack.reason),
-                                }
-                            }
-                            Err(_) => {
-                                let msg = format!("unknown ack kind {}", ack.kind);
-                                let _ = tx.send(Err(Status::invalid_argument(msg))).await;
+                            Err(e) => {
+                                let _ = tx.send(Err(e)).await;
                                 break;
                             }
-                        };
-                        Event::Ack(PendingAck {
-                            session,
-                            stream_seq: ack.stream_seq,
-                            reply_id: ack.reply_id,
-                            kind,
-                        })
+                        }
                     }
+                    pb::consume_request::Kind::Ack(ack) => match pending_ack(session, &ack) {
+                        Ok(ack) => Event::Ack(ack),
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            break;
+                        }
+                    },
                     pb::consume_request::Kind::Open(_) => {
                         let _ = tx
                             .send(Err(Status::invalid_argument(
@@ -158,4 +151,35 @@ impl WharfService {
         });
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
+}
+
+/// A worker's ack as the runtime takes it; an unknown kind is refused.
+fn pending_ack(session: u64, ack: &pb::AckRequest) -> std::result::Result<PendingAck, Status> {
+    let kind = match pb::AckKind::try_from(ack.kind) {
+        Ok(pb::AckKind::Ack) => AckKind::Ack,
+        Ok(pb::AckKind::Nak) => AckKind::Nak {
+            delay_ms: ack.delay_ms,
+        },
+        Ok(pb::AckKind::InProgress) => AckKind::InProgress,
+        Ok(pb::AckKind::Term) => {
+            if !ack.reason.is_empty() {
+                tracing::info!(stream_seq = ack.stream_seq, reason = %ack.reason, "message termed");
+            }
+            AckKind::Term {
+                reason: truncate_reason(&ack.reason),
+            }
+        }
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown ack kind {}",
+                ack.kind
+            )))
+        }
+    };
+    Ok(PendingAck {
+        session,
+        stream_seq: ack.stream_seq,
+        reply_id: ack.reply_id,
+        kind,
+    })
 }

@@ -121,7 +121,7 @@ fn write_seeds() {
         ..Default::default()
     };
     let consume = pb::ConsumeRequest {
-        kind: Some(pb::consume_request::Kind::Pull(pull)),
+        kind: Some(pb::consume_request::Kind::Pull(pull.clone())),
     };
     let ack = pb::ConsumeRequest {
         kind: Some(pb::consume_request::Kind::Ack(pb::AckRequest {

@@ -11,7 +11,9 @@
 //!   message of the batch with `Consumer::ack_each` (each ack committed; the
 //!   batch's acks are sent together and awaited together), or with `--ack
 //!   all` (the consumer's ack policy "all") acks only the batch's highest
-//!   sequence, which settles the rest;
+//!   sequence, which settles the rest; with `--ack-next` a batch's acks go
+//!   out with the next pull (`Consumer::ack_and_fetch`) and both are awaited
+//!   together;
 //! - with `--pub 0` the stream is first filled (unmeasured) and the workers
 //!   drain it, which measures the work queue alone.
 //!
@@ -398,7 +400,10 @@ async fn publish_async(
 /// One pull worker: fetch a batch, ack each message (all of the batch's acks
 /// in flight together, each confirmed once committed) or, with `--ack all`,
 /// the batch's highest sequence, until the target count is reached or
-/// nothing arrived for `IDLE_LIMIT` after publishing ended.
+/// nothing arrived for `IDLE_LIMIT` after publishing ended. With
+/// `--ack-next` a batch's acks go out with the next pull
+/// (`Consumer::ack_and_fetch`); a batch counts as consumed once its acks
+/// are confirmed either way.
 async fn worker(
     client: Client,
     args: &BenchArgs,
@@ -408,8 +413,25 @@ async fn worker(
     let mut consumer = client.consumer(&args.stream, &args.consumer);
     let mut stats = SubStats::default();
     let mut last_seen = Instant::now();
+    // With --ack-next: the last batch's acks, which go out with the next
+    // pull, and how many messages they settle.
+    let mut unacked: Vec<u64> = Vec::new();
+    let mut unacked_msgs = 0u64;
     while !progress.workers_done() {
-        let msgs = match consumer.fetch(args.batch, FETCH_WAIT).await {
+        let fetched = if unacked.is_empty() {
+            consumer.fetch(args.batch, FETCH_WAIT).await
+        } else {
+            let fetched = consumer
+                .ack_and_fetch(&unacked, args.batch, FETCH_WAIT)
+                .await;
+            // Counted even when the call failed, as `settle` does.
+            progress
+                .consumed
+                .fetch_add(std::mem::take(&mut unacked_msgs), Ordering::Relaxed);
+            unacked.clear();
+            fetched
+        };
+        let msgs = match fetched {
             Ok(msgs) => msgs,
             Err(e) => {
                 stats.errors += 1;
@@ -430,24 +452,42 @@ async fn worker(
         for m in &msgs {
             stats.received(&clock, &m.payload, m.delivered, now);
         }
-        let acked = match args.ack {
-            AckMode::Each => {
-                let seqs: Vec<u64> = msgs.iter().map(|m| m.stream_seq).collect();
-                consumer.ack_each(&seqs).await
-            }
-            AckMode::All => consumer.ack(highest_seq(&msgs)).await,
+        let to_ack = match args.ack {
+            AckMode::Each => msgs.iter().map(|m| m.stream_seq).collect(),
+            AckMode::All => vec![highest_seq(&msgs)],
         };
-        if let Err(e) = acked {
-            stats.errors += 1;
-            progress.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!("acks failed: {e}");
+        if args.ack_next {
+            unacked = to_ack;
+            unacked_msgs = msgs.len() as u64;
+            // The batch is counted when its acks are confirmed, with the next pull.
+            continue;
         }
+        settle(&mut consumer, &to_ack, &mut stats, &progress).await;
         progress
             .consumed
             .fetch_add(msgs.len() as u64, Ordering::Relaxed);
     }
+    if !unacked.is_empty() {
+        settle(&mut consumer, &unacked, &mut stats, &progress).await;
+        progress.consumed.fetch_add(unacked_msgs, Ordering::Relaxed);
+    }
     consumer.close();
     Ok(stats)
+}
+
+/// Ack these sequences and wait for their confirmation; a failure is
+/// counted as one error (the messages are then redelivered after AckWait).
+async fn settle(
+    consumer: &mut wharf_client::Consumer,
+    seqs: &[u64],
+    stats: &mut SubStats,
+    progress: &Progress,
+) {
+    if let Err(e) = consumer.ack_each(seqs).await {
+        stats.errors += 1;
+        progress.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!("acks failed: {e}");
+    }
 }
 
 /// The sequence an ack-all settles a fetched batch with: its highest (a

@@ -77,6 +77,11 @@ pub struct BenchArgs {
     /// sequence of each batch, which settles everything up to it.
     #[arg(long, value_enum, default_value_t = AckMode::Each)]
     pub ack: AckMode,
+    /// Send a batch's acks together with the next pull and wait for both
+    /// (NATS' "ack next", with every ack still confirmed), instead of
+    /// waiting for the acks before pulling again.
+    #[arg(long)]
+    pub ack_next: bool,
     /// Stream and consumer replicas.
     #[arg(long, default_value_t = 3)]
     pub replicas: u32,

@@ -353,6 +353,7 @@ impl Report<'_> {
                 "window": a.window,
                 "batch": a.batch,
                 "ack": a.ack.as_str(),
+                "ack_next": a.ack_next,
                 "replicas": a.replicas,
                 "rate": a.rate,
                 "max_ack_pending": a.max_ack_pending,
@@ -367,7 +368,7 @@ impl Report<'_> {
         let v = self.to_json();
         let a = self.args;
         let mut out = format!(
-            "{} bench: {} publisher(s) ({}), {} worker(s) (batch {}, ack {}), {} B messages, R{}{}\n",
+            "{} bench: {} publisher(s) ({}), {} worker(s) (batch {}, ack {}{}), {} B messages, R{}{}\n",
             self.broker,
             a.pubs,
             if a.window == 0 {
@@ -378,6 +379,7 @@ impl Report<'_> {
             a.subs,
             a.batch,
             a.ack.as_str(),
+            if a.ack_next { " with the next pull" } else { "" },
             a.size,
             a.replicas,
             if a.rate > 0 {
