@@ -247,6 +247,8 @@ async fn drive(
             index: i,
             client: client_starting_at(&addrs, i as usize + 1),
             max_deliveries: max_count * opts.publishers as u64 * 4,
+            // Every other worker acks with its next pull ("ack next").
+            ack_next: i % 2 == 1,
         };
         workers.push(tokio::spawn(w.run(history.clone(), stop_work.clone())));
     }

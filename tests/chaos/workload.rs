@@ -113,16 +113,34 @@ pub struct Worker {
     pub index: u32,
     pub client: Client,
     pub max_deliveries: u64,
+    /// Send each batch's acks with the next pull (`Consumer::ack_and_fetch`)
+    /// instead of on their own before it.
+    pub ack_next: bool,
 }
 
 impl Worker {
     pub async fn run(self, history: Arc<History>, stop: Arc<AtomicBool>) -> u64 {
         let mut consumer = self.client.consumer(STREAM, CONSUMER);
         let mut received = 0u64;
+        // With `ack_next`: the last batch, acked with the next pull.
+        let mut held: Vec<(String, u64)> = Vec::new();
         while !stop.load(Ordering::SeqCst) && received < self.max_deliveries {
-            let fetched =
-                tokio::time::timeout(CALL_TIMEOUT, consumer.fetch(16, Duration::from_millis(500)))
-                    .await;
+            let wait = Duration::from_millis(500);
+            let fetched = if held.is_empty() {
+                tokio::time::timeout(CALL_TIMEOUT, consumer.fetch(16, wait)).await
+            } else {
+                let seqs: Vec<u64> = held.iter().map(|(_, seq)| *seq).collect();
+                let fetched =
+                    tokio::time::timeout(CALL_TIMEOUT, consumer.ack_and_fetch(&seqs, 16, wait))
+                        .await;
+                let acked = matches!(fetched, Ok(Ok(_)));
+                if fetched.is_err() {
+                    consumer = self.client.consumer(STREAM, CONSUMER);
+                }
+                let batch = std::mem::take(&mut held);
+                received += self.settle(batch, acked, &mut consumer, &history).await;
+                fetched
+            };
             let batch = match fetched {
                 Ok(Ok(b)) => b,
                 Ok(Err(e)) => {
@@ -154,40 +172,59 @@ impl Worker {
                     (id, m.stream_seq)
                 })
                 .collect();
-            // The batch's acks go out together (one commit for the lot); if
-            // that fails, each is acked again alone (acks are idempotent) so
-            // the history holds each one's own outcome.
+            if self.ack_next {
+                held = batch;
+                continue;
+            }
+            // The batch's acks go out together (one commit for the lot).
             let seqs: Vec<u64> = batch.iter().map(|(_, seq)| *seq).collect();
             let acked = tokio::time::timeout(CALL_TIMEOUT, consumer.ack_each(&seqs)).await;
             if acked.is_err() {
                 consumer = self.client.consumer(STREAM, CONSUMER);
             }
-            let all_ok = matches!(acked, Ok(Ok(())));
-            for (id, seq) in batch {
-                received += 1;
-                let (ok, error) = if all_ok {
-                    (true, String::new())
-                } else {
-                    match tokio::time::timeout(CALL_TIMEOUT, consumer.ack(seq)).await {
-                        Ok(Ok(())) => (true, String::new()),
-                        Ok(Err(e)) => (false, e.to_string()),
-                        Err(_) => {
-                            consumer = self.client.consumer(STREAM, CONSUMER);
-                            (false, format!("no answer within {CALL_TIMEOUT:?}"))
-                        }
-                    }
-                };
-                history.push(Event::Ack {
-                    t_ms: history.now_ms(),
-                    worker: self.index,
-                    id,
-                    seq,
-                    ok,
-                    error,
-                });
-            }
+            let acked = matches!(acked, Ok(Ok(())));
+            received += self.settle(batch, acked, &mut consumer, &history).await;
+        }
+        if !held.is_empty() {
+            received += self.settle(held, false, &mut consumer, &history).await;
         }
         received
+    }
+
+    /// Record the acks of a batch whose acks went out together: all OK when
+    /// `acked`, else each is acked again alone (acks are idempotent) so the
+    /// history holds each one's own outcome. Returns the batch's size.
+    async fn settle(
+        &self,
+        batch: Vec<(String, u64)>,
+        acked: bool,
+        consumer: &mut wharf_client::Consumer,
+        history: &History,
+    ) -> u64 {
+        let n = batch.len() as u64;
+        for (id, seq) in batch {
+            let (ok, error) = if acked {
+                (true, String::new())
+            } else {
+                match tokio::time::timeout(CALL_TIMEOUT, consumer.ack(seq)).await {
+                    Ok(Ok(())) => (true, String::new()),
+                    Ok(Err(e)) => (false, e.to_string()),
+                    Err(_) => {
+                        *consumer = self.client.consumer(STREAM, CONSUMER);
+                        (false, format!("no answer within {CALL_TIMEOUT:?}"))
+                    }
+                }
+            };
+            history.push(Event::Ack {
+                t_ms: history.now_ms(),
+                worker: self.index,
+                id,
+                seq,
+                ok,
+                error,
+            });
+        }
+        n
     }
 }
 
