@@ -41,6 +41,22 @@ async fn consumer_applied(cluster: &Cluster) -> anyhow::Result<u64> {
     Ok(group.last_applied)
 }
 
+/// Wait until the consumer answers (its leader may have just died), then
+/// check that nothing awaits an ack and the ack floor is `floor`.
+async fn assert_all_acked(client: &Client, floor: u64) -> anyhow::Result<()> {
+    let info = eventually("consumer info", Duration::from_secs(30), || async {
+        client.consumer_info("JOBS", "w").await.ok()
+    })
+    .await?;
+    assert_eq!(info.num_ack_pending, 0, "{info:?}");
+    assert_eq!(
+        info.ack_floor.as_ref().map(|f| f.stream_seq),
+        Some(floor),
+        "{info:?}"
+    );
+    Ok(())
+}
+
 /// Fetch until `n` messages are in hand.
 async fn fetch_n(
     worker: &mut wharf_client::Consumer,
@@ -103,18 +119,7 @@ async fn acks_sent_together_survive_the_loss_of_the_consumer_leader() -> anyhow:
     cluster.kill(leader);
     worker.ack_each(&seqs).await?;
 
-    let info = eventually(
-        "consumer info after failover",
-        Duration::from_secs(30),
-        || async { client.consumer_info("JOBS", "w").await.ok() },
-    )
-    .await?;
-    assert_eq!(info.num_ack_pending, 0, "{info:?}");
-    assert_eq!(
-        info.ack_floor.as_ref().map(|f| f.stream_seq),
-        Some(50),
-        "{info:?}"
-    );
+    assert_all_acked(&client, 50).await?;
     let mut fresh = client.consumer("JOBS", "w");
     let more = fresh.fetch(10, Duration::from_millis(500)).await?;
     assert!(more.is_empty(), "acked messages came back: {more:?}");
@@ -215,17 +220,6 @@ async fn acks_sent_with_the_next_pull_survive_the_loss_of_the_consumer_leader() 
     assert_eq!(rest_seqs, (11..=20).collect::<Vec<u64>>());
     worker.ack_each(&rest_seqs).await?;
 
-    let info = eventually(
-        "consumer info after failover",
-        Duration::from_secs(30),
-        || async { client.consumer_info("JOBS", "w").await.ok() },
-    )
-    .await?;
-    assert_eq!(info.num_ack_pending, 0, "{info:?}");
-    assert_eq!(
-        info.ack_floor.as_ref().map(|f| f.stream_seq),
-        Some(20),
-        "{info:?}"
-    );
+    assert_all_acked(&client, 20).await?;
     Ok(())
 }
