@@ -378,20 +378,34 @@ impl Consumer {
             ack.reply_id = self.next_id();
         }
         let pull_id = self.send_pull(batch, wait, acks.clone()).await?;
+        let pull_deadline = tokio::time::Instant::now() + wait + PULL_GRACE;
+        self.await_answers(acks, Some((pull_id, pull_deadline)), out)
+            .await
+    }
+
+    /// Read the session until every ack in `acks` is answered (within
+    /// `ACK_TIMEOUT`) and, given a pull, until that pull has ended (by its
+    /// deadline). Confirmed acks leave `acks`; messages go to `out`. An
+    /// error means acks are left or the pull did not end.
+    async fn await_answers(
+        &mut self,
+        acks: &mut Vec<pb::AckRequest>,
+        pull: Option<(u64, tokio::time::Instant)>,
+        out: &mut Vec<Message>,
+    ) -> Result<()> {
         let session = self.open().await?;
-        let now = tokio::time::Instant::now();
-        let (ack_deadline, pull_deadline) = (now + ACK_TIMEOUT, now + wait + PULL_GRACE);
+        let ack_deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
         let mut waiting: HashSet<u64> = acks.iter().map(|a| a.reply_id).collect();
-        let mut pull_open = true;
+        let mut pull_open = pull.is_some();
         let mut result = Ok(());
         while pull_open || !waiting.is_empty() {
-            let deadline = match (pull_open, waiting.is_empty()) {
-                (true, false) => ack_deadline.min(pull_deadline),
-                (true, true) => pull_deadline,
+            let deadline = match pull {
+                Some((_, at)) if pull_open && waiting.is_empty() => at,
+                Some((_, at)) if pull_open => ack_deadline.min(at),
                 _ => ack_deadline,
             };
             let next = match tokio::time::timeout_at(deadline, session.rx.message()).await {
-                Err(_) => Err(tonic::Status::unavailable("no answer to acks and pull").into()),
+                Err(_) => Err(tonic::Status::unavailable("no answer to acks or pull").into()),
                 Ok(next) => received(next),
             };
             let resp = match next {
@@ -411,12 +425,13 @@ impl Consumer {
                         result = Err(tonic::Status::unavailable(r.error).into());
                     }
                 }
-                status => match pull_ended(pull_id, &status) {
-                    Ok(ended) => pull_open = !ended,
-                    Err(e) => {
+                status => match pull.map(|(id, _)| pull_ended(id, &status)) {
+                    Some(Ok(ended)) => pull_open = pull_open && !ended,
+                    Some(Err(e)) => {
                         result = Err(e);
                         break;
                     }
+                    None => {}
                 },
             }
         }
@@ -505,43 +520,11 @@ impl Consumer {
                 .await
                 .map_err(|_| ClientError::Timeout("session closed".into()))?;
         }
-        let mut waiting: HashSet<u64> = acks.iter().map(|a| a.reply_id).collect();
-        let mut confirmed = HashSet::new();
-        let deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
+        // Messages that arrive meanwhile belong to an earlier pull: the
+        // next fetch hands them out.
         let mut stash = Vec::new();
-        let mut result = Ok(());
-        while !waiting.is_empty() {
-            match tokio::time::timeout_at(deadline, session.rx.message()).await {
-                Err(_) => {
-                    result = Err(tonic::Status::unavailable("no answer to ack").into());
-                    break;
-                }
-                Ok(Err(s)) => {
-                    result = Err(s.into());
-                    break;
-                }
-                Ok(Ok(None)) => {
-                    result = Err(tonic::Status::unavailable("session ended").into());
-                    break;
-                }
-                Ok(Ok(Some(resp))) => match resp.kind {
-                    Some(Kind::AckReply(r)) if waiting.remove(&r.reply_id) => {
-                        if r.error.is_empty() {
-                            confirmed.insert(r.reply_id);
-                        } else {
-                            result = Err(tonic::Status::unavailable(r.error).into());
-                        }
-                    }
-                    Some(Kind::Message(m)) => stash.push(Message::from(m)),
-                    _ => {}
-                },
-            }
-        }
+        let result = self.await_answers(acks, None, &mut stash).await;
         self.stash.extend(stash);
-        acks.retain(|a| !confirmed.contains(&a.reply_id));
-        if result.is_ok() && !acks.is_empty() {
-            result = Err(tonic::Status::unavailable("acks not confirmed").into());
-        }
         result
     }
 
