@@ -12,6 +12,9 @@
 //! `publish` learns from each ack which node stored the subject (the stream's
 //! leader) and, when that node is one of the seeds, sends the subject's next
 //! publishes straight there, saving the hop a follower would forward it on.
+//! Those go on one long-lived `PublishStream` per seed that every publish
+//! of the client shares (a "lane", `lanes`), not as a unary call each; a
+//! lane that breaks sends its publishes the unary way, which retries.
 //! A `Consumer` session likewise moves to the seed the answering node names
 //! as the consumer's leader.
 //!
@@ -24,6 +27,7 @@
 mod connect;
 mod consumer;
 mod error;
+mod lanes;
 mod routes;
 
 use std::collections::HashMap;
@@ -60,6 +64,8 @@ struct Inner {
     retry_for: Duration,
     /// Which seed leads the stream of a subject, learned from publish acks.
     routes: routes::Routes,
+    /// One `PublishStream` per seed for publishes whose route is known.
+    lanes: lanes::Lanes,
 }
 
 impl Client {
@@ -91,6 +97,7 @@ impl Client {
         }
         Ok(Client {
             inner: Arc::new(Inner {
+                lanes: lanes::Lanes::new(seeds.len()),
                 seeds,
                 current: AtomicUsize::new(0),
                 retry_for: Duration::from_secs(30),
@@ -106,6 +113,7 @@ impl Client {
             current: AtomicUsize::new(self.inner.current.load(Ordering::Relaxed)),
             retry_for,
             routes: routes::Routes::default(),
+            lanes: lanes::Lanes::new(self.inner.seeds.len()),
         };
         Client {
             inner: Arc::new(inner),
@@ -406,9 +414,30 @@ impl Client {
             headers,
         };
         if let Some(i) = self.inner.routes.seed_for(subject) {
-            // Straight to the node that stored this subject last time; any
-            // transient failure (it no longer leads, it is down) forgets
-            // that and falls back to the seeds in turn.
+            // Straight to the node that stored this subject last time, on
+            // its lane; any transient failure (it no longer leads, it is
+            // down) forgets that and falls back to the seeds in turn.
+            if let Some(answer) = self.inner.lanes.send(i, self.seed(i), req.clone()) {
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, answer).await {
+                    Ok(Ok(ack)) if ack.error.is_empty() => {
+                        if !ack.stored_by.is_empty() {
+                            self.learn_route(subject, &ack);
+                        }
+                        return Ok(ack);
+                    }
+                    Ok(Ok(ack)) => {
+                        let code = tonic::Code::from(ack.error_code as i32);
+                        let status = tonic::Status::new(code, ack.error);
+                        if !error::retryable(&status) {
+                            return Err(status.into());
+                        }
+                    }
+                    Ok(Err(_lane_broke)) => {}
+                    Err(_elapsed) => self.inner.lanes.discard(i),
+                }
+                self.inner.routes.forget(subject);
+                return self.publish_unary(subject, req).await;
+            }
             let mut c = self.seed(i);
             match tokio::time::timeout(ATTEMPT_TIMEOUT, c.publish(req.clone())).await {
                 Ok(Ok(r)) => {
@@ -420,6 +449,16 @@ impl Client {
                 _ => self.inner.routes.forget(subject),
             }
         }
+        self.publish_unary(subject, req).await
+    }
+
+    /// Publish through whichever seed answers, moving across seeds while
+    /// the failure is transient; learns the subject's route from the ack.
+    async fn publish_unary(
+        &self,
+        subject: &str,
+        req: pb::PublishRequest,
+    ) -> Result<pb::PublishAck> {
         let ack = self
             .call(|mut c| {
                 let req = req.clone();

@@ -13,9 +13,11 @@
 //! bounded. A stale route costs one failed or forwarded attempt: the caller
 //! forgets it on failure, and a forwarded ack names the new leader.
 //!
-//! Left out: routing `PublishStream`s (the client has no API for them; a
-//! caller that opens one can ask `Client::stream_leader_seed` where) and
-//! admin calls (consumer sessions move to the consumer leader by the
+//! A routed publish goes on that seed's publish lane (`lanes`), one
+//! `PublishStream` shared by the client's publishes there.
+//!
+//! Left out: routing `PublishStream`s a caller opens itself (it can ask
+//! `Client::stream_leader_seed` where) and admin calls (consumer sessions move to the consumer leader by the
 //! `Consume` response header instead), and learning leaders from
 //! `ClusterInfo` before the first publish.
 

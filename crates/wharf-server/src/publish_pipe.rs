@@ -210,10 +210,19 @@ impl WharfService {
                 match enqueue_local(&local, stream, msg.clone()).await {
                     Ok(ack) => async move {
                         match ack.await {
+                            Ok(mut ack) => {
+                                // As on `Publish`: a client learns where to send this subject.
+                                ack.stored_by = s
+                                    .node
+                                    .peers
+                                    .addr_of(s.node.config.node_id)
+                                    .unwrap_or_default();
+                                Ok(ack)
+                            }
                             Err(ServerError::Unavailable(_) | ServerError::NotLeader { .. }) => {
                                 s.publish(msg, hops).await
                             }
-                            other => other,
+                            Err(e) => Err(e),
                         }
                     }
                     .boxed(),
