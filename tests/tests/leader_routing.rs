@@ -41,7 +41,7 @@ async fn publishes_go_straight_to_the_stream_leader() -> anyhow::Result<()> {
     let leader = cluster
         .wait_group_leader("ORDERS", Duration::from_secs(20))
         .await?;
-    let (follower, client) = follower_first_client(&cluster, leader)?;
+    let (_, client) = follower_first_client(&cluster, leader)?;
     // Where a caller would open a `PublishStream`: the leader's seed.
     assert_eq!(
         client.stream_leader_seed("ORDERS").await?,
