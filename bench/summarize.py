@@ -94,9 +94,20 @@ def read_json(path):
 
 
 def main():
-    out_dir = os.path.abspath(sys.argv[1])
+    args = sys.argv[1:]
+    if args in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: bench/summarize.py bench/results/<stamp>", file=sys.stderr)
+        return 1
+    out_dir = os.path.abspath(args[0])
     raw = os.path.join(out_dir, "raw")
     runs = load(raw)
+    if not runs:
+        # Writing a table of empty rows would look like a run that measured nothing.
+        print(f"summarize.py: no run reports under {raw}", file=sys.stderr)
+        return 1
     rows = []
     for workload, label, path, better in metrics_for(runs):
         entry = {"workload": workload, "metric": label, "better": better}
@@ -109,6 +120,9 @@ def main():
         entry["ratio"] = round(w / n, 3) if w is not None and n else None
         if entry["ratio"] is not None:
             entry["wharf_better_or_equal"] = entry["ratio"] >= 1 if better == "higher" else entry["ratio"] <= 1
+        elif w is not None and n is not None:
+            # NATS at zero: no ratio, but the medians still compare (0 errors each is a tie).
+            entry["wharf_better_or_equal"] = w >= n if better == "higher" else w <= n
         rows.append(entry)
 
     extras = {}
@@ -223,4 +237,4 @@ def chart(rows, reps, nats_version="2.9", nats_fsyncs=False):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
