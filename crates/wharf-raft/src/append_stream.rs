@@ -98,7 +98,13 @@ where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
     input
-        .map(move |req| encode(&req))
+        .map(move |req| {
+            crate::timeline::mark(
+                "send",
+                req.entries.last().map(|e| e.log_id.index).unwrap_or(0),
+            );
+            encode(&req)
+        })
         .take_while(move |encoded| {
             let ok = encoded.is_ok();
             if let Err(e) = encoded {
@@ -184,6 +190,7 @@ pub(crate) fn answers<'s, E: StreamErrors + Sync>(
                         }
                     }
                 };
+                crate::timeline::mark("answer", 0);
                 if let Ok(mut u) = unanswered.lock() {
                     u.pop_front();
                 }
@@ -229,6 +236,10 @@ pub(crate) fn serve(
                 }
                 let req: AppendEntriesRequest<TypeConfig> =
                     decode(&frame.payload).map_err(Status::invalid_argument)?;
+                crate::timeline::mark(
+                    "f_recv",
+                    req.entries.last().map(|e| e.log_id.index).unwrap_or(0),
+                );
                 if slow_append.is_some() {
                     if let Ok(mut a) = arrivals.lock() {
                         a.push_back((Instant::now(), !req.entries.is_empty()));
@@ -256,6 +267,7 @@ pub(crate) fn serve(
                     tokio::time::sleep_until(arrived + delay).await;
                 }
             }
+            crate::timeline::mark("f_answer", 0);
             let wire: WireResult<StreamAppendResult<TypeConfig>> =
                 result.map_err(|fatal| fatal.to_string());
             let payload = encode(&wire).map_err(Status::internal)?;

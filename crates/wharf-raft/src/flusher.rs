@@ -268,6 +268,7 @@ fn sync_and_complete(io: &mut FlushIo, batch: &mut Vec<Waiter>) {
     let wants_db = batch
         .iter()
         .any(|w| matches!(w, Waiter::Db(_) | Waiter::Stop));
+    crate::timeline::mark("sync_start", batch.len() as u64);
     let res = if wants_db || io.journal.wants_checkpoint() {
         io.checkpoint()
     } else {
@@ -276,6 +277,7 @@ fn sync_and_complete(io: &mut FlushIo, batch: &mut Vec<Waiter>) {
     if let Err(e) = &res {
         tracing::error!(error = %e, "flush failed");
     }
+    crate::timeline::mark("sync_end", batch.len() as u64);
     for w in batch.drain(..) {
         w.complete(&res);
     }

@@ -46,6 +46,8 @@ struct GroupInner {
     raft: WharfRaft,
     sm: SharedStateMachine,
     status: watch::Receiver<GroupStatus>,
+    /// This node's role alone: changes far less often than `status`.
+    role: watch::Receiver<Role>,
     /// Closed (its sender dropped) once the Raft core is gone.
     core_gone: watch::Receiver<()>,
     read_timeout: Duration,
@@ -110,10 +112,16 @@ impl Group {
         let mut leader = initial.leader;
         let mut leader_changes = u64::from(leader.is_some());
         initial.leader_changes = leader_changes;
+        let (role_tx, role_rx) = watch::channel(initial.role.clone());
         let (tx, rx) = watch::channel(initial);
         let (core_gone_tx, core_gone) = watch::channel(());
         // Mirrors openraft's metrics until the Raft core is gone. Holds no Raft
-        // handle, so it never keeps a stopped group alive.
+        // handle, so it never keeps a stopped group alive. openraft sends its
+        // metrics on every turn of its core's loop, changed or not (heartbeat
+        // times among them); receivers here are woken only when what they
+        // see changed: every watcher woken per turn was a thread hand-off
+        // per publish (docs/BENCHMARKS.md, "Where one sync publish's time
+        // goes").
         tokio::spawn(async move {
             let _core_gone_tx = core_gone_tx;
             loop {
@@ -123,6 +131,7 @@ impl Group {
                         if s.role != Role::Failed {
                             s.role = Role::Shutdown;
                         }
+                        role_tx.send_replace(s.role.clone());
                     });
                     break;
                 }
@@ -134,7 +143,21 @@ impl Group {
                     leader = status.leader;
                 }
                 status.leader_changes = leader_changes;
-                if tx.send(status).is_err() {
+                role_tx.send_if_modified(|r| {
+                    let changed = *r != status.role;
+                    if changed {
+                        *r = status.role.clone();
+                    }
+                    changed
+                });
+                tx.send_if_modified(|s| {
+                    let changed = *s != status;
+                    if changed {
+                        *s = status;
+                    }
+                    changed
+                });
+                if tx.is_closed() && role_tx.is_closed() {
                     break;
                 }
             }
@@ -145,6 +168,7 @@ impl Group {
                 raft,
                 sm,
                 status: rx,
+                role: role_rx,
                 core_gone,
                 read_timeout,
                 lease_wait,
@@ -177,9 +201,13 @@ impl Group {
     pub async fn write(&self, command: Vec<u8>) -> Result<Vec<u8>, RaftError> {
         let cmd = Cmd(Bytes::from(command));
         let lease_deadline = tokio::time::Instant::now() + self.inner.lease_wait;
+        crate::timeline::mark("write_start", 0);
         loop {
             match self.inner.raft.client_write(cmd.clone()).await {
-                Ok(resp) => return Ok(Vec::from(resp.data.0)),
+                Ok(resp) => {
+                    crate::timeline::mark("write_done", resp.log_id.index);
+                    return Ok(Vec::from(resp.data.0));
+                }
                 Err(openraft::errors::RaftError::APIError(e)) => match e {
                     // A leader whose quorum lease is not (yet, or no longer)
                     // confirmed refuses writes without appending them, e.g.
@@ -222,9 +250,16 @@ impl Group {
         self.inner.status.borrow().leader
     }
 
-    /// A receiver updated on every metrics change.
+    /// A receiver updated whenever the group's status changes.
     pub fn watch(&self) -> watch::Receiver<GroupStatus> {
         self.inner.status.clone()
+    }
+
+    /// A receiver updated only when this node's role in the group changes;
+    /// closed once the Raft core is gone (its last value `Shutdown` or
+    /// `Failed`). For tasks that act on leadership alone.
+    pub fn watch_role(&self) -> watch::Receiver<Role> {
+        self.inner.role.clone()
     }
 
     /// Wait until `pred(status)` holds, or `Err(RaftError::Timeout)`.

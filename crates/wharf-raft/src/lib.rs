@@ -35,6 +35,7 @@ mod node;
 mod peer_auth;
 mod sled_files;
 mod sm_store;
+pub mod timeline;
 mod transport;
 mod types;
 
@@ -146,7 +147,7 @@ pub enum Role {
 }
 
 /// A snapshot of a group's Raft state, as seen by this node.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupStatus {
     /// The group.
     pub group_id: GroupId,

@@ -272,6 +272,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Key by key in index order, not as one `sled::Batch`: see the
         // module docs.
         let mut recorded = Vec::new();
+        crate::timeline::mark("append_start", 0);
         for entry in entries {
             let bytes = encode(&entry).map_err(io_err)?;
             let index = entry.log_id.index;
@@ -280,6 +281,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(io_err)?;
             recorded.push((index, bytes));
         }
+        crate::timeline::mark("append_submit", recorded.last().map(|r| r.0).unwrap_or(0));
         self.journal.push(&Record::LogInsert {
             group: self.group_id,
             entries: recorded,

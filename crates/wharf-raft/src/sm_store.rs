@@ -297,6 +297,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         while let Some((entry, responder)) = entries.try_next().await? {
+            crate::timeline::mark("apply", entry.log_id.index);
             let response = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(cmd) => self.apply_command(entry.log_id.index, &cmd.0)?,

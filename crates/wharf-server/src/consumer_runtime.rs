@@ -229,12 +229,12 @@ impl Runner {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Event>) {
-        let mut status = self.ctx.group.watch();
+        let mut status = self.ctx.group.watch_role();
         let mut stream_seq = self.ctx.stream_last_seq.clone();
         let mut changes = self.ctx.consumer_changes.clone();
         let mut desired = self.ctx.desired_config.clone();
         loop {
-            let is_leader = status.borrow_and_update().role == Role::Leader;
+            let is_leader = *status.borrow_and_update() == Role::Leader;
             if is_leader != self.leader {
                 self.leader = is_leader;
                 self.last_active_ms.store(now_ms(), Ordering::Relaxed);

@@ -70,9 +70,9 @@ impl DeadLetterTask {
     }
 
     async fn run(mut self) {
-        let mut status = self.group.watch();
+        let mut status = self.group.watch_role();
         loop {
-            let leader = status.borrow_and_update().role == Role::Leader;
+            let leader = *status.borrow_and_update() == Role::Leader;
             let mut pause = TICK;
             if leader {
                 match self.round().await {

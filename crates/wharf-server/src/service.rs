@@ -383,6 +383,7 @@ impl Wharf for WharfService {
                 tokio::select! {
                     m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
                         Ok(Some(msg)) => {
+                            wharf_raft::timeline::mark("svc_recv", 0);
                             let allowed = principal
                                 .check(Action::publish(&msg.subject))
                                 .and_then(|()| check_publish(&service.node.config.limits, &msg));
@@ -406,6 +407,7 @@ impl Wharf for WharfService {
                                 }
                             }
                         };
+                        wharf_raft::timeline::mark("svc_reply", ack.seq);
                         if tx.send(Ok(ack)).await.is_err() {
                             return;
                         }

@@ -44,10 +44,10 @@ pub fn spawn(node: Weak<NodeInner>, stream: String, group: Group, sm: Arc<Mutex<
 }
 
 async fn run(node: Weak<NodeInner>, stream: String, group: Group, sm: Arc<Mutex<StreamMachine>>) {
-    let mut status = group.watch();
+    let mut status = group.watch_role();
     loop {
         let mut pause = TICK;
-        if status.borrow_and_update().role == Role::Leader {
+        if *status.borrow_and_update() == Role::Leader {
             let Some(node) = node.upgrade() else { return };
             match next_command(&node, &stream, &sm) {
                 Ok(Some(cmd)) => {

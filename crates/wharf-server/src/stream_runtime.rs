@@ -50,10 +50,10 @@ async fn run(
     sm: Arc<Mutex<StreamMachine>>,
     mut desired: watch::Receiver<(u64, StreamConfig)>,
 ) {
-    let mut status = group.watch();
+    let mut status = group.watch_role();
     let mut refused: Option<u64> = None;
     loop {
-        let leader = status.borrow_and_update().role == Role::Leader;
+        let leader = *status.borrow_and_update() == Role::Leader;
         let mut pause = EXPIRE_TICK;
         if leader {
             let (revision, want) = desired.borrow_and_update().clone();
