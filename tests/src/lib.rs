@@ -232,6 +232,13 @@ impl Cluster {
                     .map(|(k, v)| (k.to_string(), v)),
             );
         }
+        if node.data.exists() {
+            // A restart: the metrics port was free while the node was down,
+            // and a parallel test may have taken it since (seen in CI: the
+            // node exited with "Address already in use"). Peers know only
+            // the gRPC address, so the metrics one can move.
+            node.metrics_addr = format!("127.0.0.1:{}", free_ports(1)[0]);
+        }
         std::fs::create_dir_all(&node.data)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
