@@ -21,7 +21,9 @@
 //!   a removed voter as soon as it appends the new membership, so the node
 //!   never sees it), hence the question goes to the leader
 //!   (`RemovalStatus`, forwarded by whichever member is asked).
-//! - Then: `Node::removed` resolves; `wharf server` logs one line ("node N
+//! - Then: the node gives its own reconciler up to [`LET_GO_WAIT`] to stop
+//!   the replicas that moved (it applies the meta log a little behind the
+//!   leader), `Node::removed` resolves; `wharf server` logs one line ("node N
 //!   was removed from the cluster; shutting down"), shuts down as on SIGTERM
 //!   and exits with code 0. The reconciler starts no group any more.
 //! - At start: when the stored catalog already says the node was removed,
@@ -71,6 +73,11 @@ const ASK_WHEN_LEADERLESS: Duration = Duration::from_secs(10);
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the question a node asks at start before starting any group.
 const START_ASK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a node whose removal is done waits for its own reconciler to
+/// stop the replicas that moved away before it shuts down anyway.
+const LET_GO_WAIT: Duration = Duration::from_secs(5);
+/// How often it looks while it waits.
+const LET_GO_POLL: Duration = Duration::from_millis(50);
 
 impl NodeInner {
     /// `RemovalStatus`: answered by the meta leader from its catalog and its
@@ -137,6 +144,7 @@ pub(crate) async fn watch(node: Arc<NodeInner>, mut shutdown: watch::Receiver<bo
             if let Some(answer) = ask(&node).await {
                 removed |= answer.removed;
                 if answer.done {
+                    let_go(&node).await;
                     announce(&node);
                     return;
                 }
@@ -166,6 +174,31 @@ pub(crate) async fn done_at_start(node: &NodeInner) -> bool {
         announce(node);
     }
     done
+}
+
+/// The meta leader's catalog says every move away from this node is done,
+/// but this node applies the meta log a little behind it: give the
+/// reconciler a bounded time to stop (and drop) the replicas that moved, so
+/// the node lets go of them before it says it stops. When the time is up
+/// (the node never got the last `MoveDone`s), shutdown stops the groups and
+/// keeps their data.
+async fn let_go(node: &NodeInner) {
+    let hosts_nothing = || {
+        node.local
+            .lock()
+            .map(|l| l.streams.is_empty() && l.consumers.is_empty())
+            .unwrap_or(true)
+    };
+    let deadline = Instant::now() + LET_GO_WAIT;
+    while !hosts_nothing() {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                "the removal is done but this node's catalog still places groups here after {LET_GO_WAIT:?}: stopping them without dropping their data"
+            );
+            return;
+        }
+        tokio::time::sleep(LET_GO_POLL).await;
+    }
 }
 
 fn announce(node: &NodeInner) {
