@@ -94,6 +94,11 @@ async fn a_failed_group_is_stopped_and_reported_and_the_node_goes_on() -> anyhow
         );
     }
     let health = cluster.wharf(&["--server", &cluster.node(1).addr, "health"]);
-    assert!(health.status.success(), "{}", stdout(&health));
+    assert!(
+        health.status.success(),
+        "{}{}",
+        stdout(&health),
+        String::from_utf8_lossy(&health.stderr)
+    );
     Ok(())
 }

@@ -6,6 +6,10 @@
 //!   group has a leader and this node has applied everything it knows to be
 //!   committed, i.e. it has joined and caught up. A node shutting down reports
 //!   NOT_SERVING so load balancers stop sending it clients.
+//!
+//! The status is looked at again on every change of the meta group's status
+//! (a probe right after the node caught up sees SERVING, not the status of
+//! the last tick) and on a tick, which also catches the start of draining.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +36,7 @@ pub async fn report(
     reporter
         .set_service_status("live", ServingStatus::Serving)
         .await;
+    let mut meta = node.meta.watch();
     let mut last = None;
     loop {
         let draining = node.draining.load(std::sync::atomic::Ordering::SeqCst);
@@ -50,6 +55,7 @@ pub async fn report(
         }
         tokio::select! {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
+            Ok(()) = meta.changed() => {}
             r = shutdown.changed() => if r.is_err() { return },
         }
     }
