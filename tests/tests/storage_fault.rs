@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use wharf_client::Client;
-use wharf_tests::{eventually, json, stdout, Cluster};
+use wharf_tests::{eventually, json, stderr, stdout, Cluster};
 
 async fn local_role(cluster: &Cluster, node: u64, group: &str) -> Option<(String, String)> {
     let status = cluster.client_of(node).cluster_status().await.ok()?;
@@ -98,7 +98,7 @@ async fn a_failed_group_is_stopped_and_reported_and_the_node_goes_on() -> anyhow
         health.status.success(),
         "{}{}",
         stdout(&health),
-        String::from_utf8_lossy(&health.stderr)
+        stderr(&health)
     );
     Ok(())
 }
