@@ -298,7 +298,8 @@ async fn publish_sync(
     start: Instant,
 ) -> Result<PubStats> {
     let mut stats = PubStats::default();
-    let mut pacer = Pacer::new(args.rate_per_pub(), start);
+    let mut pacer =
+        Pacer::new(args.rate_per_pub(), start).context("starting the pacer thread")?;
     let count = if deadline.is_some() {
         u64::MAX
     } else {
@@ -348,9 +349,9 @@ async fn publish_async(
     let _connection = js.clone();
     let sender = {
         let (args, permits, progress) = (args.clone(), permits.clone(), progress.clone());
-        let start = Instant::now();
+        let mut pacer = Pacer::new(args.rate_per_pub(), Instant::now())
+            .context("starting the pacer thread")?;
         tokio::spawn(async move {
-            let mut pacer = Pacer::new(args.rate_per_pub(), start);
             let count = if deadline.is_some() {
                 u64::MAX
             } else {

@@ -76,39 +76,65 @@ fn micros(d: Duration) -> u64 {
         .clamp(1, MAX_LATENCY_US)
 }
 
+/// Slots the pacer thread may run ahead of its publisher.
+const PACER_QUEUE: usize = 64;
+
 /// The fixed send timeline of one publisher. Unpaced, a send's intended time
 /// is simply when it is made.
+///
+/// Paced, a thread of its own sleeps until each slot (`std::thread::sleep`,
+/// a high-resolution timer: late by tens of microseconds) and hands the slot
+/// to the publisher over a bounded channel. tokio's timer would do without
+/// the thread, but it rounds every deadline up to the next millisecond, so
+/// each send would leave up to a millisecond after its slot, and since
+/// latencies count from the slot, every open-loop figure would carry that
+/// lateness of the load generator. A publisher that falls behind gets its
+/// late slots at once, keeping their intended times, once it takes them (the
+/// thread waits while [`PACER_QUEUE`] slots are untaken). The thread ends at
+/// its next slot after the pacer is dropped.
 pub struct Pacer {
-    start: Instant,
-    interval_s: f64,
-    k: u64,
+    slots: Option<tokio::sync::mpsc::Receiver<Instant>>,
 }
 
 impl Pacer {
-    /// `rate` in msgs/s; 0 for no pacing.
-    pub fn new(rate: f64, start: Instant) -> Pacer {
-        let interval_s = if rate > 0.0 { 1.0 / rate } else { 0.0 };
-        Pacer {
-            start,
-            interval_s,
-            k: 0,
+    /// `rate` in msgs/s; 0 for no pacing. Fails only if the thread cannot
+    /// be started.
+    pub fn new(rate: f64, start: Instant) -> std::io::Result<Pacer> {
+        if rate <= 0.0 {
+            return Ok(Pacer { slots: None });
         }
+        // Whole nanoseconds, so slot k is exactly k intervals after start.
+        let interval_ns = (1e9 / rate).round().max(1.0) as u64;
+        let (tx, rx) = tokio::sync::mpsc::channel(PACER_QUEUE);
+        std::thread::Builder::new()
+            .name("bench-pacer".into())
+            .spawn(move || {
+                for k in 0u64.. {
+                    let at = start + Duration::from_nanos(interval_ns.saturating_mul(k));
+                    if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    if tx.blocking_send(at).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Pacer { slots: Some(rx) })
     }
 
     pub fn paced(&self) -> bool {
-        self.interval_s > 0.0
+        self.slots.is_some()
     }
 
     /// Wait for the next slot and return its intended time (late slots are
     /// returned at once, keeping their intended time).
     pub async fn next(&mut self) -> Instant {
-        if !self.paced() {
-            return Instant::now();
+        match &mut self.slots {
+            None => Instant::now(),
+            // The thread sends until the receiver is dropped, so `None`
+            // cannot come while we hold it; answer "now" rather than panic.
+            Some(slots) => slots.recv().await.unwrap_or_else(Instant::now),
         }
-        let at = self.start + Duration::from_secs_f64(self.interval_s * self.k as f64);
-        self.k += 1;
-        tokio::time::sleep_until(at.into()).await;
-        at
     }
 }
 
@@ -432,5 +458,43 @@ impl Report<'_> {
             out += &format!("\nnote: {n}");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn paced_slots_follow_the_timeline_and_never_come_early() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(2_000.0, start).unwrap();
+        assert!(pacer.paced());
+        for k in 0..40u64 {
+            let intended = pacer.next().await;
+            assert_eq!(intended, start + Duration::from_nanos(500_000 * k));
+            assert!(Instant::now() >= intended, "slot {k} came before its time");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_publisher_that_falls_behind_keeps_its_slots_intended_times() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(10_000.0, start).unwrap();
+        // Fall 20 slots behind (a blocking sleep, as a stalled publisher).
+        std::thread::sleep(Duration::from_millis(2));
+        for k in 0..20u64 {
+            let intended = pacer.next().await;
+            assert_eq!(intended, start + Duration::from_nanos(100_000 * k));
+        }
+    }
+
+    #[tokio::test]
+    async fn unpaced_sends_are_intended_when_made() {
+        let mut pacer = Pacer::new(0.0, Instant::now()).unwrap();
+        assert!(!pacer.paced());
+        let before = Instant::now();
+        let intended = pacer.next().await;
+        assert!(intended >= before && intended <= Instant::now());
     }
 }
