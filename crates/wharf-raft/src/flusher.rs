@@ -46,6 +46,8 @@ use crate::types::TypeConfig;
 
 /// Capacity of the completion queue; submitters wait when it is full.
 const QUEUE_CAPACITY: usize = 4096;
+/// A checkpoint this long is logged as a warning (others at debug level).
+const SLOW_CHECKPOINT: std::time::Duration = std::time::Duration::from_millis(100);
 /// Largest journal buffer kept for reuse between syncs.
 const SPARE_BUFFER_MAX_BYTES: usize = 4 * 1024 * 1024;
 
@@ -227,13 +229,36 @@ impl FlushIo {
     /// Syncs the journal, then makes all of sled durable and empties the
     /// journal (everything in it is then in sled's files).
     fn checkpoint(&mut self) -> Result<(), String> {
+        let started = std::time::Instant::now();
         self.sync_journal()?;
-        self.db.flush().map_err(|e| format!("flush: {e}"))?;
+        let journal_bytes = self.journal.len_bytes();
+        let synced = started.elapsed();
+        let flushed_bytes = self.db.flush().map_err(|e| format!("flush: {e}"))?;
+        let flushed = started.elapsed();
         // sled's flush is not an fsync (see `sled_files`): finish it.
         self.files.sync().map_err(|e| format!("fsync: {e}"))?;
-        self.journal
+        let res = self
+            .journal
             .clear()
-            .map_err(|e| format!("journal {}: {e}", self.journal.path().display()))
+            .map_err(|e| format!("journal {}: {e}", self.journal.path().display()));
+        let total = started.elapsed();
+        tracing::debug!(
+            journal_bytes,
+            flushed_bytes,
+            journal_sync_us = synced.as_micros() as u64,
+            sled_flush_us = (flushed - synced).as_micros() as u64,
+            total_us = total.as_micros() as u64,
+            "checkpoint"
+        );
+        if total >= SLOW_CHECKPOINT {
+            // Every commit of the node waited behind it.
+            tracing::warn!(
+                total_ms = total.as_millis() as u64,
+                journal_bytes,
+                "slow checkpoint: this node's commits waited for it"
+            );
+        }
+        res
     }
 }
 

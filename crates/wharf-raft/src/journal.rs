@@ -337,6 +337,11 @@ impl JournalFile {
         Ok(())
     }
 
+    /// Bytes of the current generation, its header included.
+    pub(crate) fn len_bytes(&self) -> u64 {
+        self.pos
+    }
+
     /// Whether the journal has grown past [`CHECKPOINT_BYTES`].
     pub(crate) fn wants_checkpoint(&self) -> bool {
         self.pos > CHECKPOINT_BYTES

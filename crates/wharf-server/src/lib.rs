@@ -42,6 +42,7 @@ pub mod metrics_text;
 mod node;
 mod payload_blocks;
 mod publish_pipe;
+mod publish_session;
 mod reflection;
 mod removal;
 mod replica_mover;

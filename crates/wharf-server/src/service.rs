@@ -11,11 +11,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
-use futures::{FutureExt, Stream, StreamExt};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use futures::{Stream, StreamExt};
+use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 use wharf_proto::v1 as pb;
@@ -27,6 +25,7 @@ use crate::forward::{self, hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
 use crate::publish_pipe::{enqueue_local, PublishPipes};
+use crate::publish_session::PublishSession;
 use crate::request_check::check_publish;
 use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
 use crate::routing::Route;
@@ -368,54 +367,27 @@ impl Wharf for WharfService {
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let principal = Principal::of(&req)?;
         let hops = hops(&req);
-        let mut inbound = req.into_inner();
-        let service = WharfService {
+        let service = Arc::new(WharfService {
             node: self.node.clone(),
-        };
-        let (tx, rx) = mpsc::channel(PUBLISH_WINDOW);
-        tokio::spawn(async move {
-            let service = Arc::new(service);
-            let mut pipes = PublishPipes::new(service.node.clone(), hops, PUBLISH_WINDOW);
-            let mut inflight: FuturesOrdered<BoxFuture<'static, Result<pb::PublishAck>>> =
-                FuturesOrdered::new();
-            let mut open = true;
-            while open || !inflight.is_empty() {
-                tokio::select! {
-                    m = inbound.message(), if open && inflight.len() < PUBLISH_WINDOW => match m {
-                        Ok(Some(msg)) => {
-                            wharf_raft::timeline::mark("svc_recv", 0);
-                            let allowed = principal
-                                .check(Action::publish(&msg.subject))
-                                .and_then(|()| check_publish(&service.node.config.limits, &msg));
-                            let publish = match allowed {
-                                Ok(()) => service.publish_in_order(&mut pipes, msg, hops).await,
-                                Err(e) => async move { Err(e) }.boxed(),
-                            };
-                            inflight.push_back(publish);
-                        }
-                        _ => open = false,
-                    },
-                    Some(r) = inflight.next(), if !inflight.is_empty() => {
-                        let ack = match r {
-                            Ok(ack) => ack,
-                            Err(e) => {
-                                let status = Status::from(e);
-                                pb::PublishAck {
-                                    error: status.message().to_string(),
-                                    error_code: status.code() as u32,
-                                    ..Default::default()
-                                }
-                            }
-                        };
-                        wharf_raft::timeline::mark("svc_reply", ack.seq);
-                        if tx.send(Ok(ack)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
         });
-        let acks = Box::pin(ReceiverStream::new(rx));
+        // The acks are a stream the call's own task polls (through
+        // `end_on_shutdown`), which also reads the requests: a spawned task
+        // in between would be one more thread woken per ack.
+        let session = PublishSession {
+            pipes: PublishPipes::new(service.node.clone(), hops, PUBLISH_WINDOW),
+            service,
+            principal,
+            hops,
+            inbound: req.into_inner(),
+            inflight: FuturesOrdered::new(),
+            window: PUBLISH_WINDOW,
+            open: true,
+        };
+        let acks = futures::stream::unfold(session, |mut session| async move {
+            let ack = session.next_ack().await?;
+            Some((Ok(ack), session))
+        });
+        let acks = Box::pin(acks);
         Ok(Response::new(crate::stream_end::end_on_shutdown(
             self.node.shutdown.clone(),
             acks,
