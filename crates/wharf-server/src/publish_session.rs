@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use tonic::{Status, Streaming};
 use wharf_proto::v1 as pb;
 
@@ -30,20 +30,45 @@ use crate::request_check::check_publish;
 use crate::service::WharfService;
 
 pub(crate) struct PublishSession {
-    pub(crate) service: Arc<WharfService>,
-    pub(crate) pipes: PublishPipes,
-    pub(crate) principal: Principal,
-    pub(crate) hops: u32,
-    pub(crate) inbound: Streaming<pb::PublishRequest>,
-    pub(crate) inflight: FuturesOrdered<BoxFuture<'static, Result<pb::PublishAck>>>,
-    pub(crate) window: usize,
+    service: Arc<WharfService>,
+    pipes: PublishPipes,
+    principal: Principal,
+    hops: u32,
+    inbound: Streaming<pb::PublishRequest>,
+    inflight: FuturesOrdered<BoxFuture<'static, Result<pb::PublishAck>>>,
+    window: usize,
     /// Whether requests may still come (the client has not half-closed).
-    pub(crate) open: bool,
+    open: bool,
 }
 
 impl PublishSession {
+    /// The acks of the call whose requests are `inbound`, at most `window`
+    /// publishes in flight, as the stream the call answers with.
+    pub(crate) fn acks(
+        service: Arc<WharfService>,
+        principal: Principal,
+        hops: u32,
+        inbound: Streaming<pb::PublishRequest>,
+        window: usize,
+    ) -> impl Stream<Item = std::result::Result<pb::PublishAck, Status>> + Send + 'static {
+        let session = PublishSession {
+            pipes: PublishPipes::new(service.node.clone(), hops, window),
+            service,
+            principal,
+            hops,
+            inbound,
+            inflight: FuturesOrdered::new(),
+            window,
+            open: true,
+        };
+        futures::stream::unfold(session, |mut session| async move {
+            let ack = session.next_ack().await?;
+            Some((Ok(ack), session))
+        })
+    }
+
     /// The next ack, reading requests meanwhile; `None` once done.
-    pub(crate) async fn next_ack(&mut self) -> Option<pb::PublishAck> {
+    async fn next_ack(&mut self) -> Option<pb::PublishAck> {
         loop {
             if !self.open && self.inflight.is_empty() {
                 return None;

@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
@@ -24,7 +23,7 @@ use crate::error::{Result, ServerError};
 use crate::forward::{self, hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
-use crate::publish_pipe::{enqueue_local, PublishPipes};
+use crate::publish_pipe::enqueue_local;
 use crate::publish_session::PublishSession;
 use crate::request_check::check_publish;
 use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
@@ -373,20 +372,7 @@ impl Wharf for WharfService {
         // The acks are a stream the call's own task polls (through
         // `end_on_shutdown`), which also reads the requests: a spawned task
         // in between would be one more thread woken per ack.
-        let session = PublishSession {
-            pipes: PublishPipes::new(service.node.clone(), hops, PUBLISH_WINDOW),
-            service,
-            principal,
-            hops,
-            inbound: req.into_inner(),
-            inflight: FuturesOrdered::new(),
-            window: PUBLISH_WINDOW,
-            open: true,
-        };
-        let acks = futures::stream::unfold(session, |mut session| async move {
-            let ack = session.next_ack().await?;
-            Some((Ok(ack), session))
-        });
+        let acks = PublishSession::acks(service, principal, hops, req.into_inner(), PUBLISH_WINDOW);
         let acks = Box::pin(acks);
         Ok(Response::new(crate::stream_end::end_on_shutdown(
             self.node.shutdown.clone(),
