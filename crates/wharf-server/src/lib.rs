@@ -18,6 +18,7 @@
 //!   connection and pull-session counts, stateless request validation
 //!   (`fuzzing` runs it on arbitrary bytes; see `fuzz/`).
 
+mod ack_window;
 pub mod auth;
 mod bootstrap;
 mod conn_limit;

@@ -24,7 +24,7 @@ use crate::forward::{self, hops, onward, onward_admin, retry};
 use crate::meta::MetaCommand;
 use crate::node::NodeInner;
 use crate::publish_pipe::enqueue_local;
-use crate::publish_session::PublishSession;
+use crate::publish_session::publish_acks;
 use crate::request_check::check_publish;
 use crate::request_check::{check_add_consumer, check_add_stream, check_consume_open};
 use crate::routing::Route;
@@ -372,7 +372,7 @@ impl Wharf for WharfService {
         // The acks are a stream the call's own task polls (through
         // `end_on_shutdown`), which also reads the requests: a spawned task
         // in between would be one more thread woken per ack.
-        let acks = PublishSession::acks(service, principal, hops, req.into_inner(), PUBLISH_WINDOW);
+        let acks = publish_acks(service, principal, hops, req.into_inner(), PUBLISH_WINDOW);
         let acks = Box::pin(acks);
         Ok(Response::new(crate::stream_end::end_on_shutdown(
             self.node.shutdown.clone(),
