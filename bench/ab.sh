@@ -21,17 +21,9 @@ LABELS=(A B C D E F)
 REPS=${REPS:-3}
 WORKLOADS=${WORKLOADS:-"pub_sync pub_async_w256 queue_batch1 queue_batch100"}
 SERVER_FLAGS=${SERVER_FLAGS:-}
-SERVERS=127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303
-PEERS=1=127.0.0.1:7301,2=127.0.0.1:7302,3=127.0.0.1:7303
-RUN=$(mktemp -d /tmp/wharf-ab.XXXXXX)
-PIDS=()
-
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$RUN"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/lib.sh"
+bench_run_dir ab
+wharf_addrs 730
 
 flags_of() {
   case $1 in
@@ -49,30 +41,17 @@ run_one() {
   local label=$1 bin=$2 workload=$3 rep=$4
   local dir="$RUN/$label.$workload.$rep"
   mkdir -p "$dir"
-  PIDS=()
-  for i in 1 2 3; do
-    # shellcheck disable=SC2086
-    "$bin" server --node-id "$i" --listen "127.0.0.1:730$i" --data "$dir/n$i" \
-      --peers "$PEERS" $SERVER_FLAGS >>"$dir/n$i.log" 2>&1 &
-    PIDS+=($!)
-  done
-  "$bin" --server "$SERVERS" --retry-for 60s cluster status >/dev/null
+  # shellcheck disable=SC2086
+  start_wharf_cluster "$bin" "$dir/n" $SERVER_FLAGS
   # shellcheck disable=SC2046
-  if "$bin" --server "$SERVERS" --retry-for 10s bench $(flags_of "$workload") --json --quiet \
+  if "$bin" --server "$WHARF_SERVERS" --retry-for 10s bench $(flags_of "$workload") --json --quiet \
     >"$dir/bench.json" 2>"$dir/bench.err"; then
-    python3 - "$dir/bench.json" "$label" "$workload" "$rep" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-side = r["consume"] if r.get("consume") else r["publish"]
-print(sys.argv[2], sys.argv[3], sys.argv[4], round(side["msgs_per_s"]))
-EOF
+    echo "$label $workload $rep $(bench_headline "$dir/bench.json")"
   else
     echo "$label $workload $rep FAILED"
     cat "$dir/bench.err" >&2
   fi
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  PIDS=()
+  stop_wharf_nodes
 }
 
 results="$RUN/results.txt"

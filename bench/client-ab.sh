@@ -12,26 +12,14 @@
 set -euo pipefail
 NEW=$(realpath "$1"); OLD=$(realpath "$2")
 REPS=${REPS:-3}
-RUN=$(mktemp -d /tmp/wharf-client-ab.XXXXXX)
-PEERS=1=127.0.0.1:7311,2=127.0.0.1:7312,3=127.0.0.1:7313
-SERVERS=127.0.0.1:7311,127.0.0.1:7312,127.0.0.1:7313
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$RUN"
-}
-trap cleanup EXIT
-for i in 1 2 3; do
-  "$NEW" server --node-id "$i" --listen "127.0.0.1:731$i" --data "$RUN/n$i" --peers "$PEERS" \
-    >"$RUN/n$i.log" 2>&1 &
-  PIDS+=($!)
-done
-"$NEW" --server "$SERVERS" --retry-for 30s cluster status >/dev/null
+. "$(dirname "$0")/lib.sh"
+bench_run_dir client-ab
+wharf_addrs 731
+start_wharf_cluster "$NEW" "$RUN/n"
 for rep in $(seq 1 "$REPS"); do
   for which in OLD NEW; do
     bin=${!which}
-    "$bin" --server "$SERVERS" --retry-for 10s bench --stream "CLIENTAB$rep$which" \
+    "$bin" --server "$WHARF_SERVERS" --retry-for 10s bench --stream "CLIENTAB$rep$which" \
       --pub 1 --window 64 --sub 3 --batch 1 --rate 200 --duration 10s --size 128 --json --quiet \
       >"$RUN/$which.$rep.json"
     python3 - "$which" "$rep" "$RUN/$which.$rep.json" <<'PY'

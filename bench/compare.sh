@@ -41,9 +41,9 @@ OUT="$ROOT/bench/results/$STAMP"
 RUN=$(mktemp -d /tmp/wharf-compare.XXXXXX)
 WHARF="$ROOT/target/release/wharf"
 DRIVER="$ROOT/target/nats-driver/release/nats-bench-driver"
-WHARF_SERVERS=127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103
 NATS_SERVERS=127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224
-WHARF_PEERS=1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103
+. "$ROOT/bench/lib.sh"
+wharf_addrs 710
 
 if [ "$QUICK" = 1 ]; then REPS=1; DUR=3s; FAIL_DUR=15s; else DUR=5s; FAIL_DUR=20s; fi
 
@@ -70,9 +70,10 @@ if [ -n "${ONLY:-}" ]; then
   WORKLOADS=("${KEPT[@]}")
 fi
 
-declare -A WHARF_PID NATS_PID
+declare -A NATS_PID
 cleanup() {
-  for p in "${WHARF_PID[@]:-}" "${NATS_PID[@]:-}"; do
+  stop_wharf_nodes TERM
+  for p in "${NATS_PID[@]:-}"; do
     [ -n "$p" ] && kill "$p" 2>/dev/null || true
   done
   wait 2>/dev/null || true
@@ -107,11 +108,8 @@ build() {
   (cd "$ROOT/bench/nats-driver" && CARGO_TARGET_DIR="$ROOT/target/nats-driver" cargo build --release 2>&1 | tail -1) >&2
 }
 
-start_wharf_node() {
-  local i=$1
-  "$WHARF" server --node-id "$i" --listen "127.0.0.1:710$i" --data "$RUN/wharf-n$i" \
-    --peers "$WHARF_PEERS" "${WHARF_THREAD_FLAGS[@]}" >>"$RUN/wharf-n$i.log" 2>&1 &
-  WHARF_PID[$i]=$!
+start_wharf() {
+  start_wharf_node "$WHARF" "$1" "$RUN/wharf-n" "${WHARF_THREAD_FLAGS[@]}"
 }
 
 start_nats_node() {
@@ -199,20 +197,21 @@ failover() {
   kill -9 "$pid"
   wait "$pid" 2>/dev/null || true
   wait "$bench" || echo '{"failed": true}' >"$out"
-  if [ "$broker" = wharf ]; then start_wharf_node "$id"; else start_nats_node "$id"; fi
+  if [ "$broker" = wharf ]; then start_wharf "$id"; else start_nats_node "$id"; fi
   wait_ready "$broker"
 }
 
 # Stop a broker's three nodes, wipe their data and start them again.
 fresh_cluster() {
   local broker=$1 i
-  for i in 1 2 3; do
-    if [ "$broker" = wharf ]; then kill "${WHARF_PID[$i]}"; wait "${WHARF_PID[$i]}" 2>/dev/null || true
-    else kill "${NATS_PID[$i]}"; wait "${NATS_PID[$i]}" 2>/dev/null || true; fi
-  done
+  if [ "$broker" = wharf ]; then
+    stop_wharf_nodes TERM
+  else
+    for i in 1 2 3; do kill "${NATS_PID[$i]}"; wait "${NATS_PID[$i]}" 2>/dev/null || true; done
+  fi
   if [ "$broker" = wharf ]; then rm -rf "$RUN"/wharf-n?; else rm -rf "$RUN"/nats-n?; fi
   for i in 1 2 3; do
-    if [ "$broker" = wharf ]; then start_wharf_node "$i"; else start_nats_node "$i"; fi
+    if [ "$broker" = wharf ]; then start_wharf "$i"; else start_nats_node "$i"; fi
   done
   wait_ready "$broker"
 }
@@ -260,7 +259,7 @@ mkdir -p "$OUT/raw"
 need_nats_server
 build
 log "run directory $RUN, results in $OUT"
-for i in 1 2 3; do start_nats_node "$i"; start_wharf_node "$i"; done
+for i in 1 2 3; do start_nats_node "$i"; start_wharf "$i"; done
 wait_ready wharf
 wait_ready nats
 nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER" --version >>"$OUT/raw/machine.txt"; echo "NATS_SYNC_ALWAYS=$NATS_SYNC_ALWAYS" >>"$OUT/raw/machine.txt"; echo "THREADS_PER_NODE=$THREADS_PER_NODE" >>"$OUT/raw/machine.txt"

@@ -15,31 +15,20 @@
 set -euo pipefail
 FLAGS=$1; shift
 SERVER_FLAGS=${SERVER_FLAGS:-}
-PEERS=1=127.0.0.1:7501,2=127.0.0.1:7502,3=127.0.0.1:7503
-SERVERS=127.0.0.1:7501,127.0.0.1:7502,127.0.0.1:7503
-PIDS=()
+. "$(dirname "$0")/lib.sh"
+wharf_addrs 750
 RUN=""
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  [ -n "$RUN" ] && rm -rf "$RUN"
-}
-trap cleanup EXIT
+trap 'stop_wharf_nodes; [ -z "$RUN" ] || rm -rf "$RUN"' EXIT
 
 for bin in "$@"; do
   RUN=$(mktemp -d /tmp/wharf-cpu.XXXXXX)
-  PIDS=()
-  for i in 1 2 3; do
-    # shellcheck disable=SC2086
-    "$bin" server --node-id "$i" --listen "127.0.0.1:750$i" --data "$RUN/n$i" \
-      --peers "$PEERS" $SERVER_FLAGS >"$RUN/n$i.log" 2>&1 &
-    PIDS+=($!)
-  done
-  "$bin" --server "$SERVERS" --retry-for 30s cluster status >/dev/null
   # shellcheck disable=SC2086
-  "$bin" --server "$SERVERS" --retry-for 10s bench $FLAGS --json --quiet >"$RUN/bench.json" 2>"$RUN/bench.err" &
+  start_wharf_cluster "$bin" "$RUN/n" $SERVER_FLAGS
+  # shellcheck disable=SC2086
+  "$bin" --server "$WHARF_SERVERS" --retry-for 10s bench $FLAGS --json --quiet >"$RUN/bench.json" 2>"$RUN/bench.err" &
   bench=$!
   sleep 3
-  perf stat -e task-clock,context-switches -p "${PIDS[0]},${PIDS[1]},${PIDS[2]}" \
+  perf stat -e task-clock,context-switches -p "${WHARF_PID[1]},${WHARF_PID[2]},${WHARF_PID[3]}" \
     -o "$RUN/stat.txt" -- sleep 6
   wait "$bench"
   python3 - "$bin" "$RUN/stat.txt" "$RUN/bench.json" <<'PY'
@@ -53,7 +42,7 @@ rate = side["msgs_per_s"]
 print(f"{sys.argv[1]:<36} {rate:>9.0f} msgs/s  cpu {ms * 1000 / 6 / rate:7.1f} us/msg"
       f"  context switches {cs / 6 / rate:6.1f}/msg")
 PY
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  stop_wharf_nodes
   rm -rf "$RUN"
+  RUN=""
 done

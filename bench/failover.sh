@@ -17,43 +17,28 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WHARF=${WHARF:-$ROOT/target/release/wharf}
 RUNS=${RUNS:-5}
 SERVER_FLAGS=${SERVER_FLAGS:-}
-SERVERS=127.0.0.1:7201,127.0.0.1:7202,127.0.0.1:7203
-PEERS=1=127.0.0.1:7201,2=127.0.0.1:7202,3=127.0.0.1:7203
-RUN=$(mktemp -d /tmp/wharf-failover.XXXXXX)
-declare -A PID
-
-cleanup() {
-  for p in "${PID[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$RUN"
-}
-trap cleanup EXIT
-
-start_node() {
-  local i=$1 dir=$2
-  # shellcheck disable=SC2086
-  "$WHARF" server --node-id "$i" --listen "127.0.0.1:720$i" --data "$dir/n$i" \
-    --peers "$PEERS" $SERVER_FLAGS >>"$dir/n$i.log" 2>&1 &
-  PID[$i]=$!
-}
+. "$ROOT/bench/lib.sh"
+bench_run_dir failover
+wharf_addrs 720
 
 echo "run max_ack_gap_ms errors acked_msgs (flags: ${SERVER_FLAGS:-defaults})"
 gaps=()
 for run in $(seq 1 "$RUNS"); do
   dir="$RUN/run$run"
   mkdir -p "$dir"
-  for i in 1 2 3; do start_node "$i" "$dir"; done
-  "$WHARF" --server "$SERVERS" --retry-for 60s cluster status >/dev/null
-  "$WHARF" --server "$SERVERS" bench --pub 1 --duration 12s --size 128 --json --quiet \
+  # shellcheck disable=SC2086
+  start_wharf_cluster "$WHARF" "$dir/n" $SERVER_FLAGS
+  "$WHARF" --server "$WHARF_SERVERS" bench --pub 1 --duration 12s --size 128 --json --quiet \
     >"$dir/bench.json" 2>"$dir/bench.err" &
   bench=$!
   sleep 4
-  leader=$("$WHARF" --server "$SERVERS" cluster status --json | python3 -c '
+  leader=$("$WHARF" --server "$WHARF_SERVERS" cluster status --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
 print(next(g["leader"] for g in s["groups"] if g["kind"] == "stream"))')
-  kill -9 "${PID[$leader]}"
-  wait "${PID[$leader]}" 2>/dev/null || true
+  kill -9 "${WHARF_PID[$leader]}"
+  wait "${WHARF_PID[$leader]}" 2>/dev/null || true
+  unset "WHARF_PID[$leader]"
   wait "$bench" || true
   python3 - "$dir/bench.json" "$run" <<'EOF'
 import json, sys
@@ -61,7 +46,5 @@ r = json.load(open(sys.argv[1]))
 p = r["publish"]
 print(sys.argv[2], p["max_ack_gap_ms"], p.get("errors", 0), p.get("acked", p.get("msgs", "?")))
 EOF
-  for p in "${PID[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  PID=()
+  stop_wharf_nodes
 done

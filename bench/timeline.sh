@@ -18,29 +18,17 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WHARF=${WHARF:-$ROOT/target/release/wharf}
 SERVER_FLAGS=${SERVER_FLAGS:-}
 BENCH_FLAGS=${BENCH_FLAGS:---pub 1 --duration 5s --size 128}
-PEERS=1=127.0.0.1:7401,2=127.0.0.1:7402,3=127.0.0.1:7403
-SERVERS=127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403
-RUN=$(mktemp -d /tmp/wharf-timeline.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$RUN"
-}
-trap cleanup EXIT
+. "$ROOT/bench/lib.sh"
+bench_run_dir timeline
+wharf_addrs 740
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   (cd "$ROOT" && cargo build --release -p wharf --features timeline)
 fi
-for i in 1 2 3; do
-  # shellcheck disable=SC2086
-  WHARF_TIMELINE="$RUN/t" "$WHARF" server --node-id "$i" --listen "127.0.0.1:740$i" \
-    --data "$RUN/n$i" --peers "$PEERS" $SERVER_FLAGS >"$RUN/n$i.log" 2>&1 &
-  PIDS+=($!)
-done
-"$WHARF" --server "$SERVERS" --retry-for 30s cluster status >/dev/null
 # shellcheck disable=SC2086
-"$WHARF" --server "$SERVERS" --retry-for 10s bench $BENCH_FLAGS --json --quiet >"$RUN/bench.json"
+WHARF_TIMELINE="$RUN/t" start_wharf_cluster "$WHARF" "$RUN/n" $SERVER_FLAGS
+# shellcheck disable=SC2086
+"$WHARF" --server "$WHARF_SERVERS" --retry-for 10s bench $BENCH_FLAGS --json --quiet >"$RUN/bench.json"
 python3 - "$RUN/bench.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))["publish"]
@@ -49,7 +37,5 @@ print(f"bench: {p['msgs_per_s']:.0f} msgs/s, ack p50 {lat['p50']} us, p99 {lat['
 PY
 # kill -9 loses each server's last buffered marks (under 64 KiB): the
 # publishes of the run's last moments are left out as incomplete.
-for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-wait 2>/dev/null || true
-PIDS=()
+stop_wharf_nodes
 python3 "$ROOT/bench/timeline.py" "$RUN"
