@@ -11,10 +11,15 @@
 //!   that ignores the error cannot make the node hold unbounded sockets.
 //!
 //! Peers are never limited: connections from an address of a cluster member
-//! (the `--peers` hosts, resolved again every [`PEER_REFRESH`]) are not
-//! counted, and forwarded pull sessions arriving from peers are counted only
-//! at the node the client is connected to. The catch: a client running on
-//! a cluster member's own IP is not limited either.
+//! (the `--peers` hosts, resolved before the node serves and again every
+//! [`PEER_REFRESH`]) are not counted, and forwarded pull sessions arriving
+//! from peers are counted only at the node the client is connected to.
+//! Whether a connection is a peer's is asked again at each call, not only
+//! when it is accepted: a peer's long-lived channel may have connected
+//! before its address was first resolved (at start, or a pod whose name
+//! resolves late), and must not count its forwarded sessions against a
+//! client limit for as long as it lives. The catch: a client running on a
+//! cluster member's own IP is not limited either.
 //!
 //! Left out: limits on HTTP/2 streams per connection (hyper's defaults
 //! apply), and TLS (with TLS the connect info would be wrapped and must be
@@ -48,10 +53,18 @@ pub const PEER_REFRESH: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub remote: Option<SocketAddr>,
-    /// The remote IP is a cluster member's.
-    pub from_peer: bool,
-    /// Set when the connection is over the limit: the refusal message.
+    /// The cluster members' IPs as known now.
+    peers: Arc<PeerIps>,
+    /// Set when the connection was over the limit when it was accepted: the
+    /// refusal message (not given to a peer).
     pub refused: Option<Arc<str>>,
+}
+
+impl ConnInfo {
+    /// The remote IP is a cluster member's, as far as is known now.
+    pub fn is_from_peer(&self) -> bool {
+        self.remote.is_some_and(|a| self.peers.contains(&a.ip()))
+    }
 }
 
 /// An accepted connection, holding its place in the per-IP count.
@@ -115,21 +128,27 @@ impl PeerIps {
         self.ips.read().map(|s| s.contains(ip)).unwrap_or(false)
     }
 
-    /// Resolve every peer address now and then every [`PEER_REFRESH`] until
-    /// shutdown. Addresses that do not resolve yet are retried next round;
-    /// an address once seen is kept (a peer may come back on it).
+    /// Resolve each of `addrs` (`host:port`) once and remember its IPs.
+    /// Addresses that do not resolve are left for the next round; an
+    /// address once seen is kept (a peer may come back on it).
+    pub async fn resolve(&self, addrs: Vec<String>) {
+        for addr in addrs {
+            if let Ok(found) = tokio::net::lookup_host(addr.as_str()).await {
+                let mut ips = self.ips.write().unwrap_or_else(|p| p.into_inner());
+                ips.extend(found.map(|a| a.ip()));
+            }
+        }
+    }
+
+    /// [`PeerIps::resolve`] every peer address now and then every
+    /// [`PEER_REFRESH`] until shutdown.
     pub async fn refresh_loop(
         self: Arc<Self>,
         peers: impl Fn() -> Vec<String>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
-            for addr in peers() {
-                if let Ok(found) = tokio::net::lookup_host(addr.as_str()).await {
-                    let mut ips = self.ips.write().unwrap_or_else(|p| p.into_inner());
-                    ips.extend(found.map(|a| a.ip()));
-                }
-            }
+            self.resolve(peers()).await;
             tokio::select! {
                 _ = tokio::time::sleep(PEER_REFRESH) => {}
                 _ = shutdown.changed() => return,
@@ -159,7 +178,7 @@ pub fn incoming(
 
 fn admit(
     io: TcpStream,
-    peers: &PeerIps,
+    peers: &Arc<PeerIps>,
     counts: &Arc<ClientCounts>,
     max_per_ip: u32,
 ) -> Option<ClientConn> {
@@ -171,7 +190,7 @@ fn admit(
             io,
             info: ConnInfo {
                 remote,
-                from_peer: false,
+                peers: peers.clone(),
                 refused: None,
             },
             _count: None,
@@ -180,7 +199,7 @@ fn admit(
     if peers.contains(&ip) {
         let info = ConnInfo {
             remote,
-            from_peer: true,
+            peers: peers.clone(),
             refused: None,
         };
         return Some(ClientConn {
@@ -205,7 +224,7 @@ fn admit(
         io,
         info: ConnInfo {
             remote,
-            from_peer: false,
+            peers: peers.clone(),
             refused,
         },
         _count: Some(guard),
@@ -244,7 +263,7 @@ pub fn has_client_cert<T>(req: &tonic::Request<T>) -> bool {
 /// whose remote address is unknown).
 pub fn client_key<T>(req: &tonic::Request<T>) -> Option<ClientKey> {
     let info = conn_info(req)?;
-    if info.from_peer {
+    if info.is_from_peer() {
         return None;
     }
     // With authentication on, a logged-in user is the client (the auth
@@ -260,8 +279,62 @@ pub fn client_key<T>(req: &tonic::Request<T>) -> Option<ClientKey> {
 /// Interceptor of the public service: refuse every call on a connection
 /// that is over `max_connections_per_ip`.
 pub fn refuse_over_limit(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    match conn_info(&req).and_then(|i| i.refused.clone()) {
+    let refused = conn_info(&req)
+        .filter(|i| !i.is_from_peer())
+        .and_then(|i| i.refused.clone());
+    match refused {
         Some(message) => Err(ServerError::Exhausted(message.to_string()).into()),
         None => Ok(req),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call_on(info: ConnInfo) -> tonic::Request<()> {
+        let mut req = tonic::Request::new(());
+        req.extensions_mut().insert(info);
+        req
+    }
+
+    /// A connection accepted from an IP not yet known as a peer's, and over
+    /// the limit then, is a peer's from the moment the IP is resolved: its
+    /// calls are neither refused nor counted.
+    #[tokio::test]
+    async fn a_peer_resolved_after_its_connection_is_not_limited() {
+        let peers = Arc::new(PeerIps::default());
+        let info = ConnInfo {
+            remote: Some("127.0.0.9:40000".parse().unwrap()),
+            peers: peers.clone(),
+            refused: Some(Arc::from("too many connections from 127.0.0.9")),
+        };
+        assert!(!info.is_from_peer());
+        assert!(refuse_over_limit(call_on(info.clone())).is_err());
+        assert_eq!(
+            client_key(&call_on(info.clone())),
+            Some(ClientKey::Addr("127.0.0.9".parse().unwrap()))
+        );
+
+        peers.resolve(vec!["127.0.0.9:7001".to_string()]).await;
+        assert!(info.is_from_peer());
+        assert!(refuse_over_limit(call_on(info.clone())).is_ok());
+        assert_eq!(client_key(&call_on(info)), None);
+    }
+
+    /// Another IP stays a client's, and keeps its refusal.
+    #[tokio::test]
+    async fn a_client_beside_resolved_peers_is_still_limited() {
+        let peers = Arc::new(PeerIps::default());
+        peers.resolve(vec!["127.0.0.9:7001".to_string()]).await;
+        let info = ConnInfo {
+            remote: Some("127.0.0.10:40000".parse().unwrap()),
+            peers,
+            refused: Some(Arc::from("too many connections from 127.0.0.10")),
+        };
+        assert!(!info.is_from_peer());
+        let status = refuse_over_limit(call_on(info.clone())).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(client_key(&call_on(info)).is_some());
     }
 }

@@ -106,6 +106,29 @@ pub(crate) struct LocalConsumer {
 pub(crate) struct Local {
     pub streams: HashMap<String, Arc<LocalStream>>,
     pub consumers: HashMap<(String, String), Arc<LocalConsumer>>,
+    /// Groups already taken out of the maps above whose stop (and data
+    /// drop) is still under way: a removed node waits for them too
+    /// (`removal`), so it lets go of its replicas before it says it stops.
+    pub stopping: usize,
+}
+
+/// One group counted in [`Local::stopping`] until this is dropped. Made
+/// under the `local` lock; dropped after it is released (it takes the lock).
+struct StoppingGuard<'a>(&'a NodeInner);
+
+impl<'a> StoppingGuard<'a> {
+    fn new(node: &'a NodeInner, local: &mut Local) -> Self {
+        local.stopping += 1;
+        StoppingGuard(node)
+    }
+}
+
+impl Drop for StoppingGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut l) = self.0.local.lock() {
+            l.stopping = l.stopping.saturating_sub(1);
+        }
+    }
 }
 
 pub(crate) struct NodeInner {
@@ -474,11 +497,13 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         (streams, consumers)
     };
     for (key, gid) in stale_consumers {
-        let removed = node
-            .local
-            .lock()
-            .ok()
-            .and_then(|mut l| l.consumers.remove(&key));
+        let (removed, _stopping) = match node.local.lock() {
+            Ok(mut l) => {
+                let removed = l.consumers.remove(&key);
+                (removed, Some(StoppingGuard::new(node, &mut l)))
+            }
+            Err(_) => (None, None),
+        };
         // A consumer that moved to another node is not deleted: its
         // sessions end with "reconnect" when its group stops below.
         let deleted = !catalog.consumers.contains_key(&key);
@@ -492,7 +517,10 @@ async fn reconcile(node: &Arc<NodeInner>) -> Result<()> {
         tracing::info!(stream = %key.0, consumer = %key.1, "consumer group removed");
     }
     for (name, gid) in stale_streams {
-        node.local.lock().map(|mut l| l.streams.remove(&name)).ok();
+        let _stopping = node.local.lock().ok().map(|mut l| {
+            l.streams.remove(&name);
+            StoppingGuard::new(node, &mut l)
+        });
         node.raft.stop_group(gid, true).await?;
         let _ = node.raft.db().drop_tree(payload_tree(gid));
         tracing::info!(stream = %name, "stream group removed");

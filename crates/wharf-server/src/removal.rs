@@ -186,7 +186,7 @@ async fn let_go(node: &NodeInner) {
     let hosts_nothing = || {
         node.local
             .lock()
-            .map(|l| l.streams.is_empty() && l.consumers.is_empty())
+            .map(|l| l.streams.is_empty() && l.consumers.is_empty() && l.stopping == 0)
             .unwrap_or(true)
     };
     let deadline = Instant::now() + LET_GO_WAIT;

@@ -45,6 +45,8 @@ const PUBLISH_WINDOW: usize = 1024;
 /// it along: a new node never caught up (docs/RELIABILITY.md, bug 7). Still
 /// a bound, so a flood of resets still closes the connection.
 const MAX_PENDING_ACCEPT_RESETS: usize = 1024;
+/// How long serving waits for the peers' addresses to resolve the first time.
+const FIRST_PEER_RESOLVE: Duration = Duration::from_secs(2);
 
 pub async fn serve(
     node: Arc<NodeInner>,
@@ -77,6 +79,17 @@ pub async fn serve(
             .map(|n| n.peers.known_addrs())
             .unwrap_or_default()
     };
+    // Peers' IPs known before the first connection is accepted (bounded: a
+    // name that does not resolve yet is left to the refresh loop).
+    let first = peer_ips.resolve(known_addrs());
+    if tokio::time::timeout(FIRST_PEER_RESOLVE, first)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "peer addresses not all resolved within {FIRST_PEER_RESOLVE:?}; serving anyway"
+        );
+    }
     tokio::spawn(peer_ips.clone().refresh_loop(known_addrs, shutdown.clone()));
     let incoming = crate::conn_limit::incoming(
         listener,
