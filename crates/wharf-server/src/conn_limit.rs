@@ -185,29 +185,19 @@ fn admit(
     // Small RPCs must not wait for Nagle.
     let _ = io.set_nodelay(true);
     let remote = io.peer_addr().ok();
-    let Some(ip) = remote.map(|a| a.ip()) else {
+    let info = |refused| ConnInfo {
+        remote,
+        peers: peers.clone(),
+        refused,
+    };
+    // Uncounted: an unknown remote, or a peer's IP as known now.
+    let Some(ip) = remote.map(|a| a.ip()).filter(|ip| !peers.contains(ip)) else {
         return Some(ClientConn {
             io,
-            info: ConnInfo {
-                remote,
-                peers: peers.clone(),
-                refused: None,
-            },
+            info: info(None),
             _count: None,
         });
     };
-    if peers.contains(&ip) {
-        let info = ConnInfo {
-            remote,
-            peers: peers.clone(),
-            refused: None,
-        };
-        return Some(ClientConn {
-            io,
-            info,
-            _count: None,
-        });
-    }
     let key = client_key_of_addr(ip);
     let (guard, before) = counts.add(key.clone());
     if before >= max_per_ip.saturating_add(REFUSED_GRACE) {
@@ -222,11 +212,7 @@ fn admit(
     });
     Some(ClientConn {
         io,
-        info: ConnInfo {
-            remote,
-            peers: peers.clone(),
-            refused,
-        },
+        info: info(refused),
         _count: Some(guard),
     })
 }
@@ -279,9 +265,8 @@ pub fn client_key<T>(req: &tonic::Request<T>) -> Option<ClientKey> {
 /// Interceptor of the public service: refuse every call on a connection
 /// that is over `max_connections_per_ip`.
 pub fn refuse_over_limit(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    let refused = conn_info(&req)
-        .filter(|i| !i.is_from_peer())
-        .and_then(|i| i.refused.clone());
+    // The peer lookup only for a connection that was over the limit.
+    let refused = conn_info(&req).and_then(|i| i.refused.clone().filter(|_| !i.is_from_peer()));
     match refused {
         Some(message) => Err(ServerError::Exhausted(message.to_string()).into()),
         None => Ok(req),
