@@ -18,6 +18,10 @@
 #                                 # each server process runs on that many threads:
 #                                 # Wharf `--worker-threads 1`, NATS GOMAXPROCS=1
 #                                 # (three nodes share this machine's two cores)
+#   KEEP_CPUS_AWAKE=1 bench/compare.sh
+#                                 # a SCHED_IDLE busy loop per core for the whole
+#                                 # run, so no vCPU halts between hand-offs
+#                                 # (both brokers run with it; see BENCHMARKS.md)
 #
 # Starts a three-node nats-server JetStream cluster (Debian's package, 2.9.x)
 # on 127.0.0.1:4222-4224 and a three-node Wharf cluster (three
@@ -72,6 +76,7 @@ fi
 
 declare -A NATS_PID
 cleanup() {
+  stop_cpu_spinners
   stop_wharf_nodes TERM
   for p in "${NATS_PID[@]:-}"; do
     [ -n "$p" ] && kill "$p" 2>/dev/null || true
@@ -263,6 +268,9 @@ for i in 1 2 3; do start_nats_node "$i"; start_wharf "$i"; done
 wait_ready wharf
 wait_ready nats
 nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER" --version >>"$OUT/raw/machine.txt"; echo "NATS_SYNC_ALWAYS=$NATS_SYNC_ALWAYS" >>"$OUT/raw/machine.txt"; echo "THREADS_PER_NODE=$THREADS_PER_NODE" >>"$OUT/raw/machine.txt"
+KEEP_CPUS_AWAKE=${KEEP_CPUS_AWAKE:-0}
+echo "KEEP_CPUS_AWAKE=$KEEP_CPUS_AWAKE" >>"$OUT/raw/machine.txt"
+if [ "$KEEP_CPUS_AWAKE" = 1 ]; then log "KEEP_CPUS_AWAKE=1: a SCHED_IDLE busy loop per core"; keep_cpus_awake; fi
 
 for rep in $(seq 1 "$REPS"); do
   for w in "${WORKLOADS[@]}"; do

@@ -9,8 +9,8 @@
 #   stop_wharf_nodes                     # kill -9 and wait; the exit trap does it too
 #
 # Each script has ports of its own (compare 710x, failover 720x, ab 730x,
-# client-ab 731x, timeline 740x, cpu 750x), so two can run at once. Nothing
-# here reaches past 127.0.0.1.
+# client-ab 731x, timeline 740x, cpu 750x, disk 760x, tmpfs 770x), so two
+# can run at once. Nothing here reaches past 127.0.0.1.
 
 # Node id -> pid of each running `wharf server` started here.
 declare -A WHARF_PID=()
@@ -20,7 +20,7 @@ declare -A WHARF_PID=()
 # stop_wharf_nodes there.
 bench_run_dir() {
   RUN=$(mktemp -d "/tmp/wharf-$1.XXXXXX")
-  trap 'stop_wharf_nodes; rm -rf "$RUN"' EXIT
+  trap 'stop_cpu_spinners; stop_wharf_nodes; rm -rf "$RUN"' EXIT
 }
 
 # wharf_addrs BASE: node i listens on 127.0.0.1:${BASE}i. Sets
@@ -59,6 +59,27 @@ stop_wharf_nodes() {
   for id in "${!WHARF_PID[@]}"; do kill "-$sig" "${WHARF_PID[$id]}" 2>/dev/null || true; done
   for id in "${!WHARF_PID[@]}"; do wait "${WHARF_PID[$id]}" 2>/dev/null || true; done
   WHARF_PID=()
+}
+
+# keep_cpus_awake: one busy loop per core at SCHED_IDLE priority, so that no
+# vCPU halts while the servers wait on each other. A SCHED_IDLE task runs
+# only when nothing else is runnable, so it takes no time from the brokers;
+# what it removes is the hypervisor's cost of waking a halted vCPU on each
+# hand-off between threads (see docs/BENCHMARKS.md, "Idle vCPUs").
+# stop_cpu_spinners ends them; the exit trap of bench_run_dir does too.
+CPU_SPINNER_PIDS=()
+keep_cpus_awake() {
+  local i
+  for i in $(seq 1 "$(nproc)"); do
+    chrt -i 0 bash -c 'while :; do :; done' &
+    CPU_SPINNER_PIDS+=($!)
+  done
+}
+stop_cpu_spinners() {
+  local p
+  for p in "${CPU_SPINNER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${CPU_SPINNER_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  CPU_SPINNER_PIDS=()
 }
 
 # bench_headline FILE: the headline rate of a `wharf bench --json` report

@@ -166,6 +166,8 @@ def main():
     threads = threads_per_node(machine)
     if threads:
         note += f"; every server on {threads} thread(s) (Wharf --worker-threads, NATS GOMAXPROCS)"
+    if "KEEP_CPUS_AWAKE=1" in machine:
+        note += "; a SCHED_IDLE busy loop per core kept the vCPUs from halting (KEEP_CPUS_AWAKE=1)"
     stamp = os.path.basename(out_dir)
     summary = {"stamp": stamp, "reps": reps, "machine": machine, "rows": rows, "extras": extras,
                "note": note}
