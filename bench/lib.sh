@@ -69,8 +69,8 @@ stop_wharf_nodes() {
 # stop_cpu_spinners ends them; the exit trap of bench_run_dir does too.
 CPU_SPINNER_PIDS=()
 keep_cpus_awake() {
-  local i
-  for i in $(seq 1 "$(nproc)"); do
+  local _core
+  for _core in $(seq 1 "$(nproc)"); do
     chrt -i 0 bash -c 'while :; do :; done' &
     CPU_SPINNER_PIDS+=($!)
   done
