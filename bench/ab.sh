@@ -9,7 +9,8 @@
 # binary's own `wharf bench`, stops it, then does the same with B and so on;
 # each repetition rotates which build goes first. It prints each run's
 # headline figure (consume msgs/s when there are workers, else publish
-# msgs/s) and the medians. The workloads are those of bench/compare.sh.
+# msgs/s) and the medians. The workloads are those of bench/compare.sh
+# (lib.sh's workload_flags).
 # Everything runs on loopback; every process started here is stopped by pid
 # on exit.
 set -euo pipefail
@@ -25,17 +26,6 @@ SERVER_FLAGS=${SERVER_FLAGS:-}
 bench_run_dir ab
 wharf_addrs 730
 
-flags_of() {
-  case $1 in
-    pub_sync) echo "--pub 1 --duration 5s --size 128" ;;
-    pub_async_w256) echo "--pub 1 --window 256 --duration 5s --size 128" ;;
-    queue_batch1) echo "--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128" ;;
-    queue_batch1_acknext) echo "--pub 0 --sub 3 --batch 1 --ack-next --msgs 3000 --size 128" ;;
-    queue_batch100) echo "--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128" ;;
-    *) echo "unknown workload $1" >&2; exit 1 ;;
-  esac
-}
-
 # run_one label binary workload rep: prints "label workload rep msgs_per_s"
 run_one() {
   local label=$1 bin=$2 workload=$3 rep=$4
@@ -44,7 +34,7 @@ run_one() {
   # shellcheck disable=SC2086
   start_wharf_cluster "$bin" "$dir/n" $SERVER_FLAGS
   # shellcheck disable=SC2046
-  if "$bin" --server "$WHARF_SERVERS" --retry-for 10s bench $(flags_of "$workload") --json --quiet \
+  if "$bin" --server "$WHARF_SERVERS" --retry-for 10s bench $(workload_flags "$workload") --json --quiet \
     >"$dir/bench.json" 2>"$dir/bench.err"; then
     echo "$label $workload $rep $(bench_headline "$dir/bench.json")"
   else

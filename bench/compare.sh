@@ -52,18 +52,15 @@ wharf_addrs 710
 if [ "$QUICK" = 1 ]; then REPS=1; DUR=3s; FAIL_DUR=15s; else DUR=5s; FAIL_DUR=20s; fi
 
 # name|flags. Every run creates the stream BENCH (R3) and deletes it after.
-WORKLOADS=(
-  "pub_sync|--pub 1 --duration $DUR --size 128"
-  "pub_async_w256|--pub 1 --window 256 --duration $DUR --size 128"
-  "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
-  "queue_batch1_acknext|--pub 0 --sub 3 --batch 1 --ack-next --msgs 3000 --size 128"
-  "queue_batch100|--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128"
-)
+# The flags are lib.sh's workload_flags.
+NAMES=(pub_sync pub_async_w256 queue_batch1 queue_batch1_acknext queue_batch100)
 # Open-loop runs, one per rate (msgs/s): latency at a fixed offered load.
 for rate in ${OPEN_LOOP_RATES:-200}; do
   [[ $rate =~ ^[1-9][0-9]*$ ]] || { echo "OPEN_LOOP_RATES: '$rate' is not a rate in msgs/s" >&2; exit 1; }
-  WORKLOADS+=("e2e_rate$rate|--pub 1 --window 64 --sub 3 --batch 1 --rate $rate --duration $DUR --size 128")
+  NAMES+=("e2e_rate$rate")
 done
+WORKLOADS=()
+for name in "${NAMES[@]}"; do WORKLOADS+=("$name|$(workload_flags "$name" "$DUR")"); done
 
 if [ -n "${ONLY:-}" ]; then
   KEPT=()

@@ -61,11 +61,29 @@ stop_wharf_nodes() {
   WHARF_PID=()
 }
 
+# workload_flags NAME [DURATION]: the `wharf bench` flags (which the NATS
+# driver takes too) of one of the named workloads that compare.sh, ab.sh and
+# tmpfs.sh run; DURATION (default 5s) for the timed ones. e2e_rateN is the
+# open loop at N msgs/s.
+workload_flags() {
+  local dur=${2:-5s}
+  case $1 in
+    pub_sync) echo "--pub 1 --duration $dur --size 128" ;;
+    pub_async_w256) echo "--pub 1 --window 256 --duration $dur --size 128" ;;
+    queue_batch1) echo "--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128" ;;
+    queue_batch1_acknext) echo "--pub 0 --sub 3 --batch 1 --ack-next --msgs 3000 --size 128" ;;
+    queue_batch100) echo "--pub 0 --sub 3 --batch 100 --msgs 10000 --size 128" ;;
+    e2e_rate[1-9]*)
+      echo "--pub 1 --window 64 --sub 3 --batch 1 --rate ${1#e2e_rate} --duration $dur --size 128" ;;
+    *) echo "unknown workload $1" >&2; return 1 ;;
+  esac
+}
+
 # keep_cpus_awake: one busy loop per core at SCHED_IDLE priority, so that no
 # vCPU halts while the servers wait on each other. A SCHED_IDLE task runs
 # only when nothing else is runnable, so it takes no time from the brokers;
 # what it removes is the hypervisor's cost of waking a halted vCPU on each
-# hand-off between threads (see docs/BENCHMARKS.md, "Idle vCPUs").
+# hand-off between threads (docs/BENCHMARKS.md, "What the disk and the idle vCPUs cost").
 # stop_cpu_spinners ends them; the exit trap of bench_run_dir does too.
 CPU_SPINNER_PIDS=()
 keep_cpus_awake() {

@@ -18,19 +18,15 @@ WHARF=${WHARF:-$ROOT/target/release/wharf}
 . "$ROOT/bench/lib.sh"
 wharf_addrs 770
 RUN=""
-trap 'stop_wharf_nodes; [ -z "$RUN" ] || rm -rf "$RUN"' EXIT
+RESULTS=$(mktemp /tmp/wharf-tmpfs-results.XXXXXX)
+trap 'stop_wharf_nodes; [ -z "$RUN" ] || rm -rf "$RUN"; rm -f "$RESULTS"' EXIT
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   (cd "$ROOT" && cargo build --release -p wharf 2>&1 | tail -1) >&2
 fi
 
-WORKLOADS=(
-  "pub_sync|--pub 1 --duration 5s --size 128"
-  "queue_batch1|--pub 0 --sub 3 --batch 1 --msgs 3000 --size 128"
-  "queue_batch1_acknext|--pub 0 --sub 3 --batch 1 --ack-next --msgs 3000 --size 128"
-  "e2e_rate200|--pub 1 --window 64 --sub 3 --batch 1 --rate 200 --duration 5s --size 128"
-)
-RESULTS=$(mktemp /tmp/wharf-tmpfs-results.XXXXXX)
+# lib.sh's workload_flags names these.
+WORKLOADS=(pub_sync queue_batch1 queue_batch1_acknext e2e_rate200)
 echo "# $(date -u +%FT%TZ) $(git -C "$ROOT" rev-parse --short HEAD) $(uname -r) $(nproc) cores" | tee -a "$RESULTS"
 echo "# disk: $(df -h /tmp | tail -1 | awk '{print $1, $2}'); tmpfs: /dev/shm"
 
@@ -38,8 +34,8 @@ for rep in $(seq 1 "$REPS"); do
   for medium in disk tmpfs; do
     if [ "$medium" = disk ]; then RUN=$(mktemp -d /tmp/wharf-tmpfs-disk.XXXXXX); else RUN=$(mktemp -d /dev/shm/wharf-tmpfs.XXXXXX); fi
     start_wharf_cluster "$WHARF" "$RUN/n"
-    for w in "${WORKLOADS[@]}"; do
-      name=${w%%|*}; flags=${w#*|}
+    for name in "${WORKLOADS[@]}"; do
+      flags=$(workload_flags "$name")
       # shellcheck disable=SC2086
       "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s bench $flags --json --quiet >"$RUN/r.json"
       python3 - "$RUN/r.json" "$rep" "$medium" "$name" <<'PY' | tee -a "$RESULTS"
@@ -77,4 +73,3 @@ for w in dict.fromkeys(r["workload"] for r in rows):
         ratio = f"{m['tmpfs'] / m['disk']:.2f}" if m["disk"] else "-"
         print(f"{w} {k} | {m['disk']:,.0f} | {m['tmpfs']:,.0f} | {ratio}")
 PY
-rm -f "$RESULTS"
