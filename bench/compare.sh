@@ -18,6 +18,11 @@
 #                                 # each server process runs on that many threads:
 #                                 # Wharf `--worker-threads 1`, NATS GOMAXPROCS=1
 #                                 # (three nodes share this machine's two cores)
+#   CLIENT_THREADS=1 bench/compare.sh
+#                                 # both bench clients (`wharf bench` and the NATS
+#                                 # driver, both tokio programs) on that many
+#                                 # runtime threads (TOKIO_WORKER_THREADS); the
+#                                 # servers keep theirs
 #   KEEP_CPUS_AWAKE=1 bench/compare.sh
 #                                 # a SCHED_IDLE busy loop per core for the whole
 #                                 # run, so no vCPU halts between hand-offs
@@ -88,6 +93,11 @@ log() { echo "== $*" >&2; }
 NATS_SERVER=${NATS_SERVER:-nats-server}
 NATS_SYNC_ALWAYS=${NATS_SYNC_ALWAYS:-0}
 THREADS_PER_NODE=${THREADS_PER_NODE:-}
+CLIENT_THREADS=${CLIENT_THREADS:-}
+# The clients' environment: tokio reads TOKIO_WORKER_THREADS when a program
+# does not set its thread count itself, as neither bench client does.
+CLIENT_ENV=()
+if [ -n "$CLIENT_THREADS" ]; then CLIENT_ENV=(env "TOKIO_WORKER_THREADS=$CLIENT_THREADS"); fi
 WHARF_THREAD_FLAGS=()
 if [ -n "$THREADS_PER_NODE" ]; then WHARF_THREAD_FLAGS=(--worker-threads "$THREADS_PER_NODE"); fi
 
@@ -143,10 +153,10 @@ run_bench_raw() {
   local broker=$1; shift
   if [ "$broker" = wharf ]; then
     "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s stream rm "$(stream_arg "$@")" >/dev/null 2>&1 || true
-    "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s bench "$@"
+    "${CLIENT_ENV[@]}" "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s bench "$@"
   else
     "$DRIVER" --server "$NATS_SERVERS" rm --stream "$(stream_arg "$@")" >/dev/null 2>&1 || true
-    "$DRIVER" --server "$NATS_SERVERS" bench "$@"
+    "${CLIENT_ENV[@]}" "$DRIVER" --server "$NATS_SERVERS" bench "$@"
   fi
 }
 
@@ -265,6 +275,7 @@ for i in 1 2 3; do start_nats_node "$i"; start_wharf "$i"; done
 wait_ready wharf
 wait_ready nats
 nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER" --version >>"$OUT/raw/machine.txt"; echo "NATS_SYNC_ALWAYS=$NATS_SYNC_ALWAYS" >>"$OUT/raw/machine.txt"; echo "THREADS_PER_NODE=$THREADS_PER_NODE" >>"$OUT/raw/machine.txt"
+echo "CLIENT_THREADS=$CLIENT_THREADS" >>"$OUT/raw/machine.txt"
 KEEP_CPUS_AWAKE=${KEEP_CPUS_AWAKE:-0}
 echo "KEEP_CPUS_AWAKE=$KEEP_CPUS_AWAKE" >>"$OUT/raw/machine.txt"
 if [ "$KEEP_CPUS_AWAKE" = 1 ]; then log "KEEP_CPUS_AWAKE=1: a SCHED_IDLE busy loop per core"; keep_cpus_awake; fi

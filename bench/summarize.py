@@ -163,9 +163,12 @@ def main():
         note = f"nats-server {nats_version} with sync_interval: always (fsync before ack); Wharf fsyncs on a majority first"
     else:
         note = f"nats-server {nats_version} acknowledges before fsync; Wharf fsyncs on a majority first"
-    threads = threads_per_node(machine)
+    threads = machine_setting(machine, "THREADS_PER_NODE")
     if threads:
         note += f"; every server on {threads} thread(s) (Wharf --worker-threads, NATS GOMAXPROCS)"
+    client_threads = machine_setting(machine, "CLIENT_THREADS")
+    if client_threads:
+        note += f"; both bench clients on {client_threads} runtime thread(s) (TOKIO_WORKER_THREADS)"
     if "KEEP_CPUS_AWAKE=1" in machine:
         note += "; a SCHED_IDLE busy loop per core kept the vCPUs from halting (KEEP_CPUS_AWAKE=1)"
     stamp = os.path.basename(out_dir)
@@ -178,10 +181,11 @@ def main():
     print(f"\nwrote {out_dir}.json and {out_dir}.svg")
 
 
-def threads_per_node(machine):
-    """THREADS_PER_NODE of the run ('' when the servers ran with their defaults)."""
+def machine_setting(machine, name):
+    """A setting recorded in raw/machine.txt, such as THREADS_PER_NODE ('' when
+    the run left it at its default)."""
     for line in machine.splitlines():
-        if line.startswith("THREADS_PER_NODE="):
+        if line.startswith(name + "="):
             return line.split("=", 1)[1].strip()
     return ""
 
