@@ -12,7 +12,8 @@
 //!   `delivered.consumer_seq` the number of deliveries made (first deliveries
 //!   and redeliveries alike); both only grow;
 //! - every pending message has exactly one entry in `pending` (by stream seq),
-//!   one in `by_consumer_seq` (its latest delivery; gives the ack floor) and
+//!   one live one in `by_consumer_seq` (its latest delivery; gives the ack
+//!   floor; see `consumer_seq_index`) and
 //!   one in `schedule` (when it may be redelivered: AckWait or the BackOff
 //!   step after its delivery, pushed back by in-progress, set by a nak);
 //! - delivery times are clamped to be non-decreasing (a new leader's clock
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
 use crate::stream::StreamState;
+use consumer_seq_index::ConsumerSeqIndex;
 
 #[path = "consumer_config.rs"]
 mod consumer_config;
@@ -122,8 +124,9 @@ pub struct ConsumerState {
     delivered: SeqPair,
     /// Pending messages by stream seq.
     pending: BTreeMap<u64, Pending>,
-    /// consumer seq of the latest delivery -> stream seq; gives the ack floor.
-    by_consumer_seq: BTreeMap<u64, u64>,
+    /// (consumer seq of the latest delivery, stream seq), ascending; its
+    /// front gives the ack floor.
+    by_consumer_seq: ConsumerSeqIndex,
     /// (redeliver_at_ms, stream seq): the redelivery schedule.
     schedule: BTreeSet<(i64, u64)>,
     redelivered: u64,
@@ -153,7 +156,7 @@ impl ConsumerState {
             config,
             delivered: SeqPair::default(),
             pending: BTreeMap::new(),
-            by_consumer_seq: BTreeMap::new(),
+            by_consumer_seq: ConsumerSeqIndex::default(),
             schedule: BTreeSet::new(),
             redelivered: 0,
             terminated: 0,
@@ -258,7 +261,7 @@ impl ConsumerState {
             } else if self.backlog.remove(&seq) {
                 1
             } else if let Some(p) = self.pending.get(&seq) {
-                self.by_consumer_seq.remove(&p.consumer_seq);
+                // Its entry in `by_consumer_seq` goes stale with the new seq.
                 self.schedule.remove(&(p.redeliver_at_ms, seq));
                 p.deliveries.saturating_add(1)
             } else {
@@ -282,7 +285,7 @@ impl ConsumerState {
                         redeliver_at_ms,
                     },
                 );
-                self.by_consumer_seq.insert(consumer_seq, seq);
+                self.by_consumer_seq.push(consumer_seq, seq);
                 self.schedule.insert((redeliver_at_ms, seq));
             }
             out.push(Delivery {
@@ -291,6 +294,7 @@ impl ConsumerState {
                 deliveries,
             });
         }
+        self.by_consumer_seq.settle(&self.pending);
         out
     }
 
@@ -382,7 +386,7 @@ impl ConsumerState {
     fn remove_pending(&mut self, seq: u64) -> bool {
         match self.pending.remove(&seq) {
             Some(p) => {
-                self.by_consumer_seq.remove(&p.consumer_seq);
+                self.by_consumer_seq.settle(&self.pending);
                 self.schedule.remove(&(p.redeliver_at_ms, seq));
                 true
             }
@@ -453,11 +457,8 @@ impl ConsumerState {
     /// seq and one below the lowest pending consumer seq. Never moves
     /// backwards: new deliveries take seqs above every pending one.
     pub fn ack_floor(&self) -> SeqPair {
-        let floor = match (
-            self.pending.first_key_value(),
-            self.by_consumer_seq.first_key_value(),
-        ) {
-            (Some((&stream_seq, _)), Some((&consumer_seq, _))) => SeqPair {
+        let floor = match (self.pending.first_key_value(), self.by_consumer_seq.first()) {
+            (Some((&stream_seq, _)), Some(consumer_seq)) => SeqPair {
                 consumer_seq: consumer_seq.saturating_sub(1),
                 stream_seq: stream_seq.saturating_sub(1),
             },
@@ -522,6 +523,9 @@ impl ConsumerState {
         }
     }
 }
+
+#[path = "consumer_seq_index.rs"]
+mod consumer_seq_index;
 
 #[path = "dead_letter.rs"]
 pub mod dead_letter;

@@ -28,7 +28,8 @@
 //! leadership change the new leader starts from [`Dispatcher::reset`] and
 //! the workers pull again.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +39,13 @@ use crate::stream::StreamState;
 
 /// Identifies a worker's session (one gRPC stream).
 pub type SessionId = u64;
+
+/// The in-flight set's map. A hash map keeps its table between plans, so
+/// planning a message does not allocate (a B-tree makes a node about every
+/// sixth key inserted in order); nothing iterates it, so its order does not
+/// matter. `DefaultHasher` with its fixed keys, not `RandomState`: this
+/// crate takes no randomness.
+type InflightMap = HashMap<u64, bool, BuildHasherDefault<DefaultHasher>>;
 
 /// A pull request waiting for messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,7 +178,7 @@ pub struct Dispatcher {
     /// Waiting pulls in round-robin order.
     waiting: VecDeque<WaitingPull>,
     /// Stream seqs proposed and not yet settled -> is it a first delivery?
-    inflight: BTreeMap<u64, bool>,
+    inflight: InflightMap,
     /// First deliveries in `inflight`.
     inflight_new: usize,
     /// Highest stream seq planned as a first delivery (0 when none in flight).
