@@ -12,16 +12,19 @@
 //!   `delivered.consumer_seq` the number of deliveries made (first deliveries
 //!   and redeliveries alike); both only grow;
 //! - every pending message has exactly one entry in `pending` (by stream seq),
-//!   one live one in `by_consumer_seq` (its latest delivery; gives the ack
-//!   floor; see `consumer_seq_index`) and
-//!   one in `schedule` (when it may be redelivered: AckWait or the BackOff
-//!   step after its delivery, pushed back by in-progress, set by a nak);
+//!   one in `by_consumer_seq` (its latest delivery; gives the ack
+//!   floor) and one in `schedule` (when it may be redelivered: AckWait or the
+//!   BackOff step after its delivery, pushed back by in-progress, set by a
+//!   nak). All three keep a first delivery in a deque that reuses its
+//!   memory, so first deliveries do not allocate per message
+//!   (`sorted_deque`; `pending_set`, `consumer_seq_index` and
+//!   `redelivery_schedule` say what goes elsewhere); each serializes as
+//!   the B-tree it replaced;
 //! - delivery times are clamped to be non-decreasing (a new leader's clock
 //!   may be behind the old one's);
 //! - the ack floor never moves backwards;
 //! - a message leaves `pending` exactly once: acked, termed, exhausted
-//!   (MaxDeliver reached) or gone from the stream.
-//!
+//!   (MaxDeliver reached) or gone from the stream;
 //! - a consumer whose deliver policy needs the stream's contents (new, last,
 //!   last per subject, by start sequence or time) delivers nothing until its
 //!   leader has resolved the start against its stream replica and
@@ -36,6 +39,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::CoreError;
 use crate::stream::StreamState;
 use consumer_seq_index::ConsumerSeqIndex;
+use pending_set::PendingSet;
+use redelivery_schedule::RedeliverySchedule;
 
 #[path = "consumer_config.rs"]
 mod consumer_config;
@@ -123,12 +128,12 @@ pub struct ConsumerState {
     config: ConsumerConfig,
     delivered: SeqPair,
     /// Pending messages by stream seq.
-    pending: BTreeMap<u64, Pending>,
+    pending: PendingSet,
     /// (consumer seq of the latest delivery, stream seq), ascending; its
     /// front gives the ack floor.
     by_consumer_seq: ConsumerSeqIndex,
     /// (redeliver_at_ms, stream seq): the redelivery schedule.
-    schedule: BTreeSet<(i64, u64)>,
+    schedule: RedeliverySchedule,
     redelivered: u64,
     /// Messages termed by a worker (cumulative).
     terminated: u64,
@@ -155,9 +160,9 @@ impl ConsumerState {
             started: config.deliver_policy == DeliverPolicy::All,
             config,
             delivered: SeqPair::default(),
-            pending: BTreeMap::new(),
+            pending: PendingSet::default(),
             by_consumer_seq: ConsumerSeqIndex::default(),
-            schedule: BTreeSet::new(),
+            schedule: RedeliverySchedule::default(),
             redelivered: 0,
             terminated: 0,
             exhausted: 0,
@@ -183,9 +188,9 @@ impl ConsumerState {
             || config.backoff_ms != self.config.backoff_ms;
         self.config = config;
         if retime {
-            let seqs: Vec<u64> = self.pending.keys().copied().collect();
+            let seqs: Vec<u64> = self.pending.iter().map(|(seq, _)| seq).collect();
             for seq in seqs {
-                if let Some(p) = self.pending.get(&seq).copied() {
+                if let Some(p) = self.pending.get(seq).copied() {
                     let at = p.delivered_ms.saturating_add(self.wait_ms(p.deliveries));
                     self.reschedule(seq, at);
                 }
@@ -208,10 +213,10 @@ impl ConsumerState {
     }
 
     fn reschedule(&mut self, seq: u64, at_ms: i64) {
-        if let Some(p) = self.pending.get_mut(&seq) {
-            self.schedule.remove(&(p.redeliver_at_ms, seq));
+        if let Some(p) = self.pending.get_mut(seq) {
+            self.schedule.remove(p.redeliver_at_ms, seq);
             p.redeliver_at_ms = at_ms;
-            self.schedule.insert((at_ms, seq));
+            self.schedule.insert(at_ms, seq);
         }
     }
 
@@ -260,9 +265,9 @@ impl ConsumerState {
                 1
             } else if self.backlog.remove(&seq) {
                 1
-            } else if let Some(p) = self.pending.get(&seq) {
-                // Its entry in `by_consumer_seq` goes stale with the new seq.
-                self.schedule.remove(&(p.redeliver_at_ms, seq));
+            } else if let Some(p) = self.pending.get(seq) {
+                self.by_consumer_seq.remove(p.consumer_seq);
+                self.schedule.remove(p.redeliver_at_ms, seq);
                 p.deliveries.saturating_add(1)
             } else {
                 continue;
@@ -286,7 +291,11 @@ impl ConsumerState {
                     },
                 );
                 self.by_consumer_seq.push(consumer_seq, seq);
-                self.schedule.insert((redeliver_at_ms, seq));
+                if deliveries == 1 {
+                    self.schedule.insert_first_delivery(redeliver_at_ms, seq);
+                } else {
+                    self.schedule.insert(redeliver_at_ms, seq);
+                }
             }
             out.push(Delivery {
                 stream_seq: seq,
@@ -294,7 +303,6 @@ impl ConsumerState {
                 deliveries,
             });
         }
-        self.by_consumer_seq.settle(&self.pending);
         out
     }
 
@@ -305,7 +313,10 @@ impl ConsumerState {
             let Some(&top) = stream_seqs.iter().max() else {
                 return 0;
             };
-            let below: Vec<u64> = self.pending.range(..=top).map(|(s, _)| *s).collect();
+            let below: Vec<u64> = (self.pending.iter())
+                .map(|(s, _)| s)
+                .take_while(|&s| s <= top)
+                .collect();
             return below
                 .into_iter()
                 .filter(|&seq| self.remove_pending(seq))
@@ -322,7 +333,7 @@ impl ConsumerState {
     pub fn apply_nak(&mut self, stream_seq: u64, delay_ms: u64, now_ms: i64) -> bool {
         let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
         let at = now_ms.max(self.last_delivered_ms).saturating_add(delay);
-        let pending = self.pending.contains_key(&stream_seq);
+        let pending = self.pending.contains(stream_seq);
         self.reschedule(stream_seq, at);
         pending
     }
@@ -330,7 +341,7 @@ impl ConsumerState {
     /// Work in progress: the message's AckWait (or BackOff step) starts
     /// again from `now_ms`. Returns whether it was pending.
     pub fn apply_in_progress(&mut self, stream_seq: u64, now_ms: i64) -> bool {
-        let Some(p) = self.pending.get(&stream_seq).copied() else {
+        let Some(p) = self.pending.get(stream_seq).copied() else {
             return false;
         };
         let at = now_ms
@@ -344,7 +355,7 @@ impl ConsumerState {
     /// subject it goes to the outbox with `reason`. Returns whether it was
     /// pending.
     pub fn apply_term(&mut self, stream_seq: u64, reason: &str) -> bool {
-        let deliveries = self.pending.get(&stream_seq).map(|p| p.deliveries);
+        let deliveries = self.pending.get(stream_seq).map(|p| p.deliveries);
         let removed = self.remove_pending(stream_seq);
         if let Some(deliveries) = deliveries.filter(|_| removed) {
             self.terminated += 1;
@@ -362,7 +373,7 @@ impl ConsumerState {
     pub fn apply_exhausted(&mut self, stream_seqs: &[u64]) -> Vec<u64> {
         let mut out = Vec::new();
         for &seq in stream_seqs {
-            let deliveries = self.pending.get(&seq).map(|p| p.deliveries);
+            let deliveries = self.pending.get(seq).map(|p| p.deliveries);
             if let Some(deliveries) = deliveries.filter(|_| self.remove_pending(seq)) {
                 self.queue_dead_letter(seq, deliveries, DeadLetterReason::MaxDeliver);
                 out.push(seq);
@@ -375,7 +386,7 @@ impl ConsumerState {
     /// Whether a pending message has had all the deliveries MaxDeliver allows.
     pub fn exhausted(&self, stream_seq: u64) -> bool {
         match (
-            self.pending.get(&stream_seq),
+            self.pending.get(stream_seq),
             u64::try_from(self.config.max_deliver),
         ) {
             (Some(p), Ok(max)) => p.deliveries >= max,
@@ -384,10 +395,10 @@ impl ConsumerState {
     }
 
     fn remove_pending(&mut self, seq: u64) -> bool {
-        match self.pending.remove(&seq) {
+        match self.pending.remove(seq) {
             Some(p) => {
-                self.by_consumer_seq.settle(&self.pending);
-                self.schedule.remove(&(p.redeliver_at_ms, seq));
+                self.by_consumer_seq.remove(p.consumer_seq);
+                self.schedule.remove(p.redeliver_at_ms, seq);
                 true
             }
             None => false,
@@ -457,8 +468,8 @@ impl ConsumerState {
     /// seq and one below the lowest pending consumer seq. Never moves
     /// backwards: new deliveries take seqs above every pending one.
     pub fn ack_floor(&self) -> SeqPair {
-        let floor = match (self.pending.first_key_value(), self.by_consumer_seq.first()) {
-            (Some((&stream_seq, _)), Some(consumer_seq)) => SeqPair {
+        let floor = match (self.pending.first_seq(), self.by_consumer_seq.first()) {
+            (Some(stream_seq), Some(consumer_seq)) => SeqPair {
                 consumer_seq: consumer_seq.saturating_sub(1),
                 stream_seq: stream_seq.saturating_sub(1),
             },
@@ -485,12 +496,12 @@ impl ConsumerState {
 
     /// The pending entry for `stream_seq`, if unacked.
     pub fn pending(&self, stream_seq: u64) -> Option<&Pending> {
-        self.pending.get(&stream_seq)
+        self.pending.get(stream_seq)
     }
 
     /// All pending messages by ascending stream seq.
     pub fn pending_iter(&self) -> impl Iterator<Item = (u64, &Pending)> {
-        self.pending.iter().map(|(&seq, p)| (seq, p))
+        self.pending.iter()
     }
 
     /// Stream seqs due for redelivery at `now_ms` (their AckWait or BackOff
@@ -499,7 +510,7 @@ impl ConsumerState {
     pub fn due_iter(&self, now_ms: i64) -> impl Iterator<Item = u64> + '_ {
         self.schedule
             .iter()
-            .map_while(move |&(at, seq)| (at <= now_ms).then_some(seq))
+            .map_while(move |(at, seq)| (at <= now_ms).then_some(seq))
     }
 
     /// Stream seqs due for redelivery at `now_ms`, earliest first, at most `limit`.
@@ -509,7 +520,7 @@ impl ConsumerState {
 
     /// When the next pending message becomes due (`None` if nothing is pending).
     pub fn next_redelivery_ms(&self) -> Option<i64> {
-        self.schedule.first().map(|(at, _)| *at)
+        self.schedule.first().map(|(at, _)| at)
     }
 
     /// Free slots under MaxAckPending given `inflight_new` first deliveries
@@ -526,6 +537,18 @@ impl ConsumerState {
 
 #[path = "consumer_seq_index.rs"]
 mod consumer_seq_index;
+
+#[path = "redelivery_schedule.rs"]
+mod redelivery_schedule;
+
+#[path = "pending_set.rs"]
+mod pending_set;
+
+#[path = "merged.rs"]
+mod merged;
+
+#[path = "sorted_deque.rs"]
+mod sorted_deque;
 
 #[path = "dead_letter.rs"]
 pub mod dead_letter;

@@ -96,7 +96,8 @@ impl ConsumerState {
 
     /// What this consumer is finished with, for its stream's retention.
     pub fn progress(&self) -> ConsumerProgress {
-        let mut pending: std::collections::BTreeSet<u64> = self.pending.keys().copied().collect();
+        let mut pending: std::collections::BTreeSet<u64> =
+            self.pending.iter().map(|(seq, _)| seq).collect();
         pending.extend(self.dead_letter_outbox.keys().copied());
         ConsumerProgress {
             started: self.started,

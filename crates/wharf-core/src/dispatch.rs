@@ -42,9 +42,10 @@ pub type SessionId = u64;
 
 /// The in-flight set's map. A hash map keeps its table between plans, so
 /// planning a message does not allocate (a B-tree makes a node about every
-/// sixth key inserted in order); nothing iterates it, so its order does not
-/// matter. `DefaultHasher` with its fixed keys, not `RandomState`: this
-/// crate takes no randomness.
+/// sixth key inserted in order). Dispatch never reads it in order; only the
+/// derived `Debug` and `Serialize` do, in hash order (a dispatcher is never
+/// persisted or replicated). `DefaultHasher` with its fixed keys, not
+/// `RandomState`: this crate takes no randomness.
 type InflightMap = HashMap<u64, bool, BuildHasherDefault<DefaultHasher>>;
 
 /// A pull request waiting for messages.
