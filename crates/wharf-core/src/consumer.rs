@@ -17,9 +17,9 @@
 //!   BackOff step after its delivery, pushed back by in-progress, set by a
 //!   nak). All three keep a first delivery in a deque that reuses its
 //!   memory, so first deliveries do not allocate per message
-//!   (`sorted_deque`; `pending_set`, `consumer_seq_index` and
-//!   `redelivery_schedule` say what goes elsewhere); each serializes as
-//!   the B-tree it replaced;
+//!   (`sorted_deque`; `pending_set` and `redelivery_schedule` say what
+//!   goes to the B-tree beside theirs); each serializes as the B-tree it
+//!   replaced;
 //! - delivery times are clamped to be non-decreasing (a new leader's clock
 //!   may be behind the old one's);
 //! - the ack floor never moves backwards;
@@ -258,6 +258,7 @@ impl ConsumerState {
         let delivered_ms = self.last_delivered_ms;
         let mut out = Vec::with_capacity(stream_seqs.len());
         for &seq in stream_seqs {
+            let previous = self.pending.get(seq).copied();
             let deliveries = if seq > self.delivered.stream_seq {
                 if stale_firsts {
                     continue;
@@ -265,14 +266,19 @@ impl ConsumerState {
                 1
             } else if self.backlog.remove(&seq) {
                 1
-            } else if let Some(p) = self.pending.get(seq) {
-                self.by_consumer_seq.remove(p.consumer_seq);
-                self.schedule.remove(p.redeliver_at_ms, seq);
+            } else if let Some(p) = previous {
                 p.deliveries.saturating_add(1)
             } else {
                 continue;
             };
-            let consumer_seq = self.delivered.consumer_seq + 1;
+            // A redelivery replaces the message's entries. (So does a first
+            // delivery of a pending seq, which only a log the leader never
+            // writes has: a delivery applied before the start.)
+            if let Some(p) = previous {
+                self.by_consumer_seq.remove(p.consumer_seq);
+                self.schedule.remove(p.redeliver_at_ms, seq);
+            }
+            let consumer_seq = self.delivered.consumer_seq.saturating_add(1);
             self.delivered.consumer_seq = consumer_seq;
             if deliveries == 1 {
                 self.delivered.stream_seq = self.delivered.stream_seq.max(seq);

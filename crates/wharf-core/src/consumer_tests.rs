@@ -380,3 +380,22 @@ fn snapshots_are_the_bytes_the_btree_layout_wrote() {
         bincode::serialize(&c).unwrap()
     );
 }
+
+#[test]
+fn a_first_delivery_of_a_pending_seq_replaces_its_entries() {
+    // Only a log the leader never writes has this: a delivery applied before
+    // the start, then the start's backlog naming the same seq.
+    let mut c = consumer(ConsumerConfig {
+        deliver_policy: DeliverPolicy::LastPerSubject,
+        ..config()
+    });
+    c.apply_deliver(&[3], &[], 0);
+    assert!(c.apply_start(5, vec![3]));
+    c.apply_deliver(&[3], &[], 10);
+    assert_eq!(c.num_ack_pending(), 1);
+    assert_eq!(c.due_for_redelivery(i64::MAX, 10), vec![3]);
+    assert_eq!(c.apply_ack(&[3]), 1);
+    assert_eq!(c.due_for_redelivery(i64::MAX, 10), Vec::<u64>::new());
+    assert_eq!(c.next_redelivery_ms(), None);
+    assert_eq!(c.ack_floor(), c.delivered());
+}

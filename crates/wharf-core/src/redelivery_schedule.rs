@@ -2,9 +2,11 @@
 //! redelivered, then by stream seq.
 //!
 //! First deliveries arrive in order: delivery times never go back, a first
-//! delivery waits AckWait (or BackOff's first step) from it, and new stream
+//! delivery waits AckWait (or BackOff's first step) from it, which changes
+//! only with the config (and then every entry is retimed), and new stream
 //! seqs only grow. Their entries go to the back of a [`SortedDeque`], which
-//! reuses its memory. Every other entry (a redelivery, a nak, work in
+//! reuses its memory; one that does not sort last there (after AckWait was
+//! shortened) goes to the B-tree. Every other entry (a redelivery, a nak, work in
 //! progress, a retime after a config change, a restored snapshot) goes to a
 //! B-tree, so an entry due far ahead, such as a nak of an hour, never sits
 //! at the deque's back and sends the first deliveries after it to the
@@ -37,21 +39,31 @@ pub(crate) struct RedeliverySchedule {
 }
 
 impl RedeliverySchedule {
-    /// Adds a first delivery of `seq`, due at `at_ms`; it is not in the
-    /// schedule.
+    /// Adds a first delivery of `seq`, due at `at_ms`. Like a set, adding
+    /// an entry held already changes nothing.
     pub(crate) fn insert_first_delivery(&mut self, at_ms: i64, seq: u64) {
         let key = (at_ms, seq);
-        if self.first_deliveries.sorts_last(&key) && !self.others.contains(&key) {
+        if self.contains(&key) {
+            return;
+        }
+        if self.first_deliveries.sorts_last(&key) {
             self.first_deliveries.push_back(key, ());
         } else {
             self.others.insert(key);
         }
     }
 
-    /// Adds any other entry for `seq`, due at `at_ms`; it is not in the
-    /// schedule.
+    /// Adds any other entry for `seq`, due at `at_ms`. Like a set, adding
+    /// an entry held already changes nothing.
     pub(crate) fn insert(&mut self, at_ms: i64, seq: u64) {
-        self.others.insert((at_ms, seq));
+        let key = (at_ms, seq);
+        if !self.contains(&key) {
+            self.others.insert(key);
+        }
+    }
+
+    fn contains(&self, key: &(i64, u64)) -> bool {
+        self.first_deliveries.get(key).is_some() || self.others.contains(key)
     }
 
     /// Removes `seq`, due at `at_ms`; returns whether it was there.
@@ -186,6 +198,22 @@ mod tests {
         assert_eq!(s.first(), Some((100, 2)));
         assert!(s.remove(200, 3));
         assert_eq!(entries(&s), [(100, 2), (150, 4), (300, 5)]);
+    }
+
+    #[test]
+    fn adding_an_entry_held_already_changes_nothing() {
+        let mut s = RedeliverySchedule::default();
+        s.insert_first_delivery(100, 1);
+        s.insert_first_delivery(200, 2);
+        s.insert_first_delivery(100, 1);
+        s.insert(100, 1);
+        s.insert(50, 3);
+        s.insert_first_delivery(50, 3);
+        assert_eq!(entries(&s), [(50, 3), (100, 1), (200, 2)]);
+        assert_eq!(s.iter().len(), 3);
+        assert!(s.remove(100, 1));
+        assert!(s.remove(50, 3));
+        assert_eq!(entries(&s), [(200, 2)]);
     }
 
     #[test]

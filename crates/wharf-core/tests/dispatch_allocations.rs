@@ -13,8 +13,9 @@
 //! its settle's, and the acks'. Every per-message structure keeps its
 //! memory from plan to plan: the dispatcher's in-flight set is a hash
 //! table, and the consumer keeps first deliveries in deques sorted by
-//! construction (`sorted_deque`), with B-trees beside them for the rest
-//! (redeliveries, naks, a restored snapshot). Before 2026-12-07 those were
+//! construction (`sorted_deque`); what does not arrive in order (a
+//! redelivery's or a nak's due time, a restored snapshot) goes to B-trees
+//! beside two of them. Before 2026-12-07 those were
 //! four B-trees, each making a node about every sixth key inserted in
 //! order: 0.71 allocations per message. One allocation per message would
 //! take pulls of 100 past 0.1 per message and 16 per plan. A third test
