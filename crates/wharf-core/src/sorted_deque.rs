@@ -22,7 +22,9 @@
 //!   [`EMPTY_SLACK`]; the capacity is at most four times the slots, plus
 //!   [`KEPT_CAPACITY`], so a burst's memory is given back.
 //!
-//! Left out: keys that do not sort last; the caller keeps those elsewhere.
+//! Left out: a cheap place for keys that do not sort last. `insert` shifts
+//! the keys above one (linear), so callers that expect such keys keep them
+//! in a B-tree instead (`pending_set`, `redelivery_schedule`).
 
 use std::collections::{vec_deque, VecDeque};
 
