@@ -44,19 +44,46 @@ pub fn wharf_bin() -> PathBuf {
     bin
 }
 
-/// `n` distinct free ports on 127.0.0.1. All listeners are held until every
-/// port is picked: one at a time, the OS may hand out a port just released
-/// again, and two nodes of one cluster then got the same port (a node that
-/// cannot listen exits, and the cluster elects no meta leader: seen in a
-/// full test run).
+/// Where [`free_ports`] looks: below Linux's ephemeral range (32768-60999
+/// by default), from which the kernel picks the local port of every outgoing
+/// connection. A port taken from that range with `bind(0)` is free only
+/// until the node binds it, and in CI a node's own peer connections or a
+/// parallel test's took one in between (the node exited with "Address
+/// already in use" and the cluster elected no meta leader).
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// Ports this process has handed out, so it never hands one out twice.
+static PORTS_HANDED_OUT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+/// `n` distinct free ports on 127.0.0.1 from [`TEST_PORTS`]. Each test
+/// process starts at an offset of its own (from its pid) and moves on from
+/// there, so parallel tests probe different ports; a port is free when it
+/// can be bound, and all listeners are held until every port is picked.
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
+    use std::sync::atomic::Ordering;
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    let offset = (std::process::id() % (span / 10)) * 10;
+    let mut listeners = Vec::with_capacity(n);
+    for _ in 0..span {
+        if listeners.len() == n {
+            break;
+        }
+        let k = u32::from(PORTS_HANDED_OUT.fetch_add(1, Ordering::Relaxed));
+        let port = TEST_PORTS.start + ((offset + k) % span) as u16;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(l);
+        }
+    }
+    assert_eq!(listeners.len(), n, "no {n} free ports in {TEST_PORTS:?}");
     listeners
         .iter()
         .map(|l| l.local_addr().expect("addr").port())
         .collect()
+}
+
+/// One free port on 127.0.0.1, for a test's own server (see [`free_ports`]).
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
 }
 
 pub struct NodeProc {

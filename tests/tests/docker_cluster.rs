@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use tokio::process::Command;
 use wharf_client::proto as pb;
 use wharf_client::Client;
-use wharf_tests::{eventually, json, stderr, stdout, wharf_bin};
+use wharf_tests::{eventually, free_port, json, stderr, stdout, wharf_bin};
 
 const ORDERS: [&str; 3] = [
     r#"{"order_id":"ord_8w2k","customer":"acme-co","total_cents":4200,"ts":"2026-05-22T10:14:22Z"}"#,
@@ -54,11 +54,6 @@ fn repo_root() -> PathBuf {
 
 fn image() -> String {
     std::env::var("WHARF_IMAGE").unwrap_or_else(|_| "wharf:dev".to_string())
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 /// Run a command to completion; fail with its output when it fails.

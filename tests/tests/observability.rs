@@ -9,7 +9,7 @@ use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::ServerReflectionRequest;
-use wharf_tests::{eventually, wharf_bin, Cluster};
+use wharf_tests::{eventually, free_port, wharf_bin, Cluster};
 
 /// Kills its process when dropped, so a failing test leaves nothing behind.
 struct Proc(Child);
@@ -19,11 +19,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
