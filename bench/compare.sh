@@ -23,6 +23,13 @@
 #                                 # driver, both tokio programs) on that many
 #                                 # runtime threads (TOKIO_WORKER_THREADS); the
 #                                 # servers keep theirs
+#   WHARF_TMPFS=1 bench/compare.sh
+#                                 # Wharf's data on tmpfs (/dev/shm), where
+#                                 # fdatasync returns at once; NATS' stays on
+#                                 # disk. Not a way to run Wharf: it shows what
+#                                 # Wharf's path costs without the disk
+#                                 # (bench/floor.sh)
+#   STAMP=name bench/compare.sh   # results in bench/results/name{,.json,.svg}
 #   KEEP_CPUS_AWAKE=1 bench/compare.sh
 #                                 # a SCHED_IDLE busy loop per core for the whole
 #                                 # run, so no vCPU halts between hand-offs
@@ -45,9 +52,13 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REPS=${REPS:-3}
 QUICK=${QUICK:-0}
-STAMP=$(date -u +%Y%m%d-%H%M%S)
+STAMP=${STAMP:-$(date -u +%Y%m%d-%H%M%S)}
 OUT="$ROOT/bench/results/$STAMP"
 RUN=$(mktemp -d /tmp/wharf-compare.XXXXXX)
+# Where the Wharf nodes keep their data: RUN, or tmpfs with WHARF_TMPFS=1.
+WHARF_TMPFS=${WHARF_TMPFS:-0}
+WHARF_DATA=$RUN
+if [ "$WHARF_TMPFS" = 1 ]; then WHARF_DATA=$(mktemp -d /dev/shm/wharf-compare.XXXXXX); fi
 WHARF="$ROOT/target/release/wharf"
 DRIVER="$ROOT/target/nats-driver/release/nats-bench-driver"
 NATS_SERVERS=127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224
@@ -84,7 +95,7 @@ cleanup() {
     [ -n "$p" ] && kill "$p" 2>/dev/null || true
   done
   wait 2>/dev/null || true
-  rm -rf "$RUN"
+  rm -rf "$RUN" "$WHARF_DATA"
 }
 trap cleanup EXIT
 
@@ -121,7 +132,7 @@ build() {
 }
 
 start_wharf() {
-  start_wharf_node "$WHARF" "$1" "$RUN/wharf-n" "${WHARF_THREAD_FLAGS[@]}"
+  start_wharf_node "$WHARF" "$1" "$WHARF_DATA/wharf-n" "${WHARF_THREAD_FLAGS[@]}"
 }
 
 start_nats_node() {
@@ -221,7 +232,7 @@ fresh_cluster() {
   else
     for i in 1 2 3; do kill "${NATS_PID[$i]}"; wait "${NATS_PID[$i]}" 2>/dev/null || true; done
   fi
-  if [ "$broker" = wharf ]; then rm -rf "$RUN"/wharf-n?; else rm -rf "$RUN"/nats-n?; fi
+  if [ "$broker" = wharf ]; then rm -rf "$WHARF_DATA"/wharf-n?; else rm -rf "$RUN"/nats-n?; fi
   for i in 1 2 3; do
     if [ "$broker" = wharf ]; then start_wharf "$i"; else start_nats_node "$i"; fi
   done
@@ -235,7 +246,7 @@ disk() {
   local broker=$1 before after
   local dirs
   fresh_cluster "$broker"
-  if [ "$broker" = wharf ]; then dirs="$RUN/wharf-n1 $RUN/wharf-n2 $RUN/wharf-n3"; else dirs="$RUN/nats-n1 $RUN/nats-n2 $RUN/nats-n3"; fi
+  if [ "$broker" = wharf ]; then dirs="$WHARF_DATA/wharf-n1 $WHARF_DATA/wharf-n2 $WHARF_DATA/wharf-n3"; else dirs="$RUN/nats-n1 $RUN/nats-n2 $RUN/nats-n3"; fi
   sync
   before=$(du -sbc $dirs | tail -1 | cut -f1)
   run_bench_raw "$broker" --stream DISK --pub 1 --window 256 --msgs 100000 --size 128 --keep --json --quiet \
@@ -278,6 +289,7 @@ nproc >"$OUT/raw/machine.txt"; uname -r >>"$OUT/raw/machine.txt"; "$NATS_SERVER"
 echo "CLIENT_THREADS=$CLIENT_THREADS" >>"$OUT/raw/machine.txt"
 KEEP_CPUS_AWAKE=${KEEP_CPUS_AWAKE:-0}
 echo "KEEP_CPUS_AWAKE=$KEEP_CPUS_AWAKE" >>"$OUT/raw/machine.txt"
+echo "WHARF_TMPFS=$WHARF_TMPFS" >>"$OUT/raw/machine.txt"
 if [ "$KEEP_CPUS_AWAKE" = 1 ]; then log "KEEP_CPUS_AWAKE=1: a SCHED_IDLE busy loop per core"; keep_cpus_awake; fi
 
 for rep in $(seq 1 "$REPS"); do

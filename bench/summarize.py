@@ -171,13 +171,17 @@ def main():
         note += f"; both bench clients on {client_threads} runtime thread(s) (TOKIO_WORKER_THREADS)"
     if "KEEP_CPUS_AWAKE=1" in machine:
         note += "; a SCHED_IDLE busy loop per core kept the vCPUs from halting (KEEP_CPUS_AWAKE=1)"
+    if machine_setting(machine, "WHARF_TMPFS") == "1":
+        note = note.replace("Wharf fsyncs on a majority first",
+                            "Wharf's data was on tmpfs, where its fsyncs cost nothing (WHARF_TMPFS=1)")
     stamp = os.path.basename(out_dir)
     summary = {"stamp": stamp, "reps": reps, "machine": machine, "rows": rows, "extras": extras,
                "note": note}
     with open(out_dir + ".json", "w") as fh:
         json.dump(summary, fh, indent=2)
     with open(out_dir + ".svg", "w") as fh:
-        fh.write(chart(rows, reps, nats_version, nats_fsyncs))
+        fh.write(chart(rows, reps, nats_version, nats_fsyncs,
+                       machine_setting(machine, "WHARF_TMPFS") == "1"))
     print(f"\nwrote {out_dir}.json and {out_dir}.svg")
 
 
@@ -199,7 +203,7 @@ def nats_setup(machine):
     return version, "NATS_SYNC_ALWAYS=1" in machine
 
 
-def chart(rows, reps, nats_version="2.9", nats_fsyncs=False):
+def chart(rows, reps, nats_version="2.9", nats_fsyncs=False, wharf_tmpfs=False):
     """Horizontal bars of Wharf's advantage (log2 scale, > 1 = Wharf better)."""
     rows = [r for r in rows if r.get("ratio")]
     left, width, bar_h, top = 330, 420, 22, 50
@@ -217,7 +221,8 @@ def chart(rows, reps, nats_version="2.9", nats_fsyncs=False):
            f'(3 nodes, R3, loopback, 2 cores; medians of {reps} runs)</text>',
            '<text x="10" y="38" fill="#555">Bar = how many times better Wharf is (log scale); '
            'left of 1x = NATS better. '
-           + ('Both fsync before acking (NATS sync_interval: always).' if nats_fsyncs
+           + ('Wharf on tmpfs (its fsyncs cost nothing), NATS on disk.' if wharf_tmpfs
+              else 'Both fsync before acking (NATS sync_interval: always).' if nats_fsyncs
               else 'NATS acks before fsync, Wharf after.') + '</text>']
     for i, r in enumerate(rows):
         adv = r["ratio"] if r["better"] == "higher" else 1 / r["ratio"]

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# How busy the disk is under the latency-bound workloads: each one runs on a
+# fresh three-node cluster (127.0.0.1:7801-7803) under
+# `perf trace -s -e fdatasync -a`, and the script prints, per workload, the
+# bench's rate and, for the nodes' journal flushers (the `wharf-flusher`
+# threads, which make every Raft append durable), their fdatasyncs per
+# message, their mean fdatasync, and their fdatasync time per message (the
+# three summed) beside the time per message at the bench's rate: over 100%
+# means two or more nodes were syncing at once, on this machine's one disk.
+#
+#   SKIP_BUILD=1 bench/fsyncs.sh | tee bench/results/fsyncs-$(date -u +%Y%m%d).txt
+#
+# Needs perf (Debian's linux-perf) with the syscalls tracepoints. The count
+# includes the unmeasured fill of the queue workloads (3,000 messages
+# published with a window of 256, a few dozen syncs per node). perf trace
+# adds a little to each traced fdatasync, so the rates here run below
+# compare.sh's. Everything runs on loopback; the nodes are stopped on exit.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WHARF=${WHARF:-$ROOT/target/release/wharf}
+WORKLOADS=${WORKLOADS:-pub_sync queue_batch1 queue_batch1_acknext}
+. "$ROOT/bench/lib.sh"
+bench_run_dir fsyncs
+wharf_addrs 780
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  (cd "$ROOT" && cargo build --release -p wharf 2>&1 | tail -1) >&2
+fi
+command -v perf >/dev/null || { echo "fsyncs.sh: needs perf (apt-get install linux-perf)" >&2; exit 1; }
+
+echo "# bench/fsyncs.sh at $(date -u +%FT%TZ) on $(git -C "$ROOT" rev-parse --short HEAD), $(uname -r), $(nproc) cores"
+echo "| workload | msgs | msgs/s | us per msg | flusher fdatasyncs per msg | mean fdatasync us | fdatasync us per msg | fdatasync time / time |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+for name in $WORKLOADS; do
+  rm -rf "$RUN"/n?
+  start_wharf_cluster "$WHARF" "$RUN/n"
+  flags=$(workload_flags "$name")
+  # shellcheck disable=SC2086
+  perf trace -s -e fdatasync -a -o "$RUN/trace.txt" -- \
+    "$WHARF" --server "$WHARF_SERVERS" --retry-for 10s bench $flags --json --quiet >"$RUN/r.json"
+  stop_wharf_nodes
+  python3 - "$RUN/trace.txt" "$RUN/r.json" "$name" <<'PY'
+import json, re, sys
+trace, report, name = sys.argv[1:]
+r = json.load(open(report))
+side = r.get("consume") or r["publish"]
+calls = total_ms = 0.0
+thread = None
+for line in open(trace):
+    m = re.match(r"\s*(\S+) \(\d+\), \d+ events", line)
+    if m:
+        thread = m.group(1)
+        continue
+    m = re.match(r"\s*fdatasync\s+(\d+)\s+\d+\s+([\d.]+)", line)
+    if m and thread == "wharf-flusher":
+        calls += int(m.group(1))
+        total_ms += float(m.group(2))
+msgs = side["msgs"]
+per_msg_us = 1e6 / side["msgs_per_s"]
+mean = total_ms * 1000 / calls if calls else 0
+sync_per_msg_us = total_ms * 1000 / msgs
+print(f"| {name} | {msgs:,} | {side['msgs_per_s']:,.0f} | {per_msg_us:,.0f} | {calls / msgs:.2f} "
+      f"| {mean:,.0f} | {sync_per_msg_us:,.0f} | {sync_per_msg_us / per_msg_us:.0%} |")
+PY
+done
