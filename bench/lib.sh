@@ -9,8 +9,8 @@
 #   stop_wharf_nodes                     # kill -9 and wait; the exit trap does it too
 #
 # Each script has ports of its own (compare 710x, failover 720x, ab 730x,
-# client-ab 731x, timeline 740x, cpu 750x, disk 760x, tmpfs 770x), so two
-# can run at once. Nothing here reaches past 127.0.0.1.
+# client-ab 731x, timeline 740x, cpu 750x, disk 760x, tmpfs 770x, fsyncs
+# 780x), so two can run at once. Nothing here reaches past 127.0.0.1.
 
 # Node id -> pid of each running `wharf server` started here.
 declare -A WHARF_PID=()
