@@ -11,10 +11,10 @@
 #   SKIP_BUILD=1 bench/fsyncs.sh | tee bench/results/fsyncs-$(date -u +%Y%m%d).txt
 #
 # Needs perf (Debian's linux-perf) with the syscalls tracepoints. The count
-# includes the unmeasured fill of the queue workloads (3,000 messages
-# published with a window of 256, a few dozen syncs per node). perf trace
-# adds a little to each traced fdatasync, so the rates here run below
-# compare.sh's. Everything runs on loopback; the nodes are stopped on exit.
+# includes the syncs of the queue workloads' unmeasured fill (3,000
+# messages published with a window of 256). perf trace adds to the time of
+# each traced fdatasync. Everything runs on loopback; the nodes are stopped
+# on exit.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WHARF=${WHARF:-$ROOT/target/release/wharf}
