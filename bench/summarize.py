@@ -171,7 +171,8 @@ def main():
         note += f"; both bench clients on {client_threads} runtime thread(s) (TOKIO_WORKER_THREADS)"
     if "KEEP_CPUS_AWAKE=1" in machine:
         note += "; a SCHED_IDLE busy loop per core kept the vCPUs from halting (KEEP_CPUS_AWAKE=1)"
-    if machine_setting(machine, "WHARF_TMPFS") == "1":
+    wharf_tmpfs = machine_setting(machine, "WHARF_TMPFS") == "1"
+    if wharf_tmpfs:
         note = note.replace("Wharf fsyncs on a majority first",
                             "Wharf's data was on tmpfs, where its fsyncs cost nothing (WHARF_TMPFS=1)")
     stamp = os.path.basename(out_dir)
@@ -180,8 +181,7 @@ def main():
     with open(out_dir + ".json", "w") as fh:
         json.dump(summary, fh, indent=2)
     with open(out_dir + ".svg", "w") as fh:
-        fh.write(chart(rows, reps, nats_version, nats_fsyncs,
-                       machine_setting(machine, "WHARF_TMPFS") == "1"))
+        fh.write(chart(rows, reps, nats_version, nats_fsyncs, wharf_tmpfs))
     print(f"\nwrote {out_dir}.json and {out_dir}.svg")
 
 
