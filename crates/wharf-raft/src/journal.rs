@@ -56,6 +56,8 @@ use std::sync::Mutex;
 use serde::Deserialize;
 use serde::Serialize;
 
+use crate::direct_io;
+use crate::direct_io::AlignedBlocks;
 use crate::log_store::index_key;
 use crate::log_store::tree_names;
 use crate::types::io_err;
@@ -206,9 +208,19 @@ impl JournalBuffer {
 /// Frames of an older generation left behind the current end fail the
 /// generation check, so replay stops exactly where the current generation's
 /// writes stop.
+///
+/// Writes go around the page cache (`O_DIRECT`, [`direct_io`]) where the file
+/// system allows it, as whole aligned blocks: each frame rewrites the block
+/// the previous one ended in (with the same bytes up to the current end)
+/// and zero-pads its own last block. Where direct writes are refused, the
+/// same blocks go through the page cache.
 pub(crate) struct JournalFile {
     path: PathBuf,
+    /// Opened for writes: with `O_DIRECT` when `direct`.
     file: File,
+    direct: bool,
+    /// Holds the bytes of the block `pos` is in, up to `pos`.
+    blocks: AlignedBlocks,
     /// This generation's frames carry it; bumped by every [`Self::clear`].
     generation: u64,
     /// Where the next frame goes.
@@ -234,6 +246,12 @@ impl JournalFile {
     /// and must be emptied by [`Self::clear`] (once sled holds what was
     /// replayed) before anything is written.
     pub(crate) fn open(path: &Path) -> io::Result<JournalFile> {
+        Self::open_with(path, true)
+    }
+
+    /// [`Self::open`], with direct writes only if `allow_direct` (tests
+    /// write through the page cache as on a file system without them).
+    fn open_with(path: &Path, allow_direct: bool) -> io::Result<JournalFile> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -252,9 +270,19 @@ impl JournalFile {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => None,
             Err(e) => return Err(e),
         };
+        let direct_file = match allow_direct {
+            true => direct_io::open_direct(path)?,
+            false => None,
+        };
+        let (file, direct) = match direct_file {
+            Some(direct) => (direct, true),
+            None => (file, false),
+        };
         Ok(JournalFile {
             path: path.to_path_buf(),
             file,
+            direct,
+            blocks: AlignedBlocks::default(),
             generation: generation.unwrap_or(0),
             // Unknown content: treated as full until cleared.
             pos: allocated.max(FILE_HEADER_BYTES as u64),
@@ -292,12 +320,25 @@ impl JournalFile {
         header[4..8].copy_from_slice(&frame_crc(self.generation, bytes).to_le_bytes());
         header[8..].copy_from_slice(&self.generation.to_le_bytes());
         let end = self.pos + (FRAME_HEADER_BYTES + bytes.len()) as u64;
-        self.allocate(end)?;
-        self.file.write_all_at(&header, self.pos)?;
-        self.file
-            .write_all_at(bytes, self.pos + FRAME_HEADER_BYTES as u64)?;
+        self.allocate(direct_io::round_up(end))?;
+        self.write_blocks(&[&header, bytes])?;
         self.pos = end;
         self.file.sync_data()
+    }
+
+    /// Writes the tail block's bytes up to `pos`, then `parts`, as whole
+    /// blocks from the start of the block `pos` is in.
+    fn write_blocks(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        debug_assert_eq!(
+            self.blocks.tail_len() as u64,
+            self.pos - direct_io::round_down(self.pos),
+            "the tail is the block pos is in"
+        );
+        let at = direct_io::round_down(self.pos);
+        let data = self.blocks.fill(parts);
+        write_aligned(&mut self.file, &mut self.direct, &self.path, data, at)?;
+        self.blocks.keep_tail();
+        Ok(())
     }
 
     /// Fails if an earlier call failed (see `failed`).
@@ -325,11 +366,18 @@ impl JournalFile {
             return Ok(());
         }
         let target = end.div_ceil(GROW_BYTES) * GROW_BYTES;
-        let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+        let zeros = AlignedBlocks::zeroed(ZERO_CHUNK_BYTES);
         let mut at = self.allocated;
+        if !at.is_multiple_of(direct_io::BLOCK_BYTES as u64) {
+            // Not a size this journal leaves (it grows in whole steps): the
+            // partial block's end reads as zeros once the length covers it.
+            at = direct_io::round_up(at);
+            self.file.set_len(at)?;
+        }
         while at < target {
             let n = (target - at).min(ZERO_CHUNK_BYTES as u64);
-            self.file.write_all_at(&zeros[..n as usize], at)?;
+            let chunk = zeros.zeros(n as usize);
+            write_aligned(&mut self.file, &mut self.direct, &self.path, chunk, at)?;
             at += n;
         }
         self.file.sync_all()?;
@@ -378,8 +426,18 @@ impl JournalFile {
         header[..8].copy_from_slice(FILE_MAGIC);
         header[8..].copy_from_slice(&generation.to_le_bytes());
         self.allocate(FILE_HEADER_BYTES as u64)?;
-        self.file.write_all_at(&header, 0)?;
+        // The header's block is written whole, so it carries the old bytes
+        // after the header unchanged: if the write tears and the old header
+        // stands, the old generation still replays in full, never a prefix
+        // of it (which could set a key back to an older value).
+        let mut first_block = vec![0u8; direct_io::BLOCK_BYTES];
+        File::open(&self.path)?.read_exact_at(&mut first_block, 0)?;
+        first_block[..FILE_HEADER_BYTES].copy_from_slice(&header);
+        self.pos = 0;
+        self.blocks.set_tail(&[]);
+        self.write_blocks(&[&first_block])?;
         self.file.sync_data()?;
+        self.blocks.set_tail(&header);
         self.generation = generation;
         self.pos = FILE_HEADER_BYTES as u64;
         self.cleared = true;
@@ -394,6 +452,31 @@ impl JournalFile {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Writes whole aligned blocks `data` at `at`; if the kernel refuses them as
+/// misaligned for a direct write, reopens the file for writes through the
+/// page cache and writes them there (`direct` is then false for good).
+fn write_aligned(
+    file: &mut File,
+    direct: &mut bool,
+    path: &Path,
+    data: &[u8],
+    at: u64,
+) -> io::Result<()> {
+    match file.write_all_at(data, at) {
+        Err(e) if *direct && direct_io::is_misaligned(&e) => {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                "journal: direct writes refused, writing through the page cache"
+            );
+            *file = std::fs::OpenOptions::new().write(true).open(path)?;
+            *direct = false;
+            file.write_all_at(data, at)
+        }
+        res => res,
     }
 }
 

@@ -127,31 +127,48 @@ fn replay_stops_at_a_torn_or_corrupt_sync() {
     assert_eq!(log.len(), 2);
 }
 
+/// A value that makes one frame of `insert(1, _, value)` end the block after
+/// the file header's: frames of different generations then meet on a block
+/// boundary, where the zero-padding of the last block does not reach.
+fn value_filling_two_blocks() -> Vec<u8> {
+    let empty = framed(&[insert(1, 1, b"")]).len();
+    let frame_bytes = 2 * direct_io::BLOCK_BYTES - FILE_HEADER_BYTES - FRAME_HEADER_BYTES;
+    vec![b'o'; frame_bytes - empty]
+}
+
 #[test]
 fn after_a_clear_the_older_generation_behind_the_end_is_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal");
     let mut f = JournalFile::open(&path).unwrap();
     f.clear().unwrap();
+    let old = value_filling_two_blocks();
     for i in 1..=5 {
-        f.write_and_sync(&framed(&[insert(1, i, b"old generation")]))
-            .unwrap();
+        f.write_and_sync(&framed(&[insert(1, i, &old)])).unwrap();
     }
     let allocated = std::fs::metadata(&path).unwrap().len();
     f.clear().unwrap();
     assert_eq!(replayed_log(&path, 1).0.records, 0, "cleared");
-    // As long as each old frame: the second old frame follows it on disk.
-    f.write_and_sync(&framed(&[insert(1, 9, b"new generation")]))
-        .unwrap();
+    // As long as each old frame: the second old frame follows it on disk,
+    // its header whole and valid but for the generation.
+    let new = vec![b'n'; old.len()];
+    f.write_and_sync(&framed(&[insert(1, 9, &new)])).unwrap();
+    assert_eq!(f.len_bytes(), 2 * direct_io::BLOCK_BYTES as u64);
     drop(f);
+    let on_disk = std::fs::read(&path).unwrap();
+    let second_old = &on_disk[2 * direct_io::BLOCK_BYTES..][..FRAME_HEADER_BYTES];
+    assert_ne!(
+        second_old, &[0u8; FRAME_HEADER_BYTES],
+        "old frame still there"
+    );
     assert_eq!(
-        std::fs::metadata(&path).unwrap().len(),
+        on_disk.len() as u64,
         allocated,
         "the file is reused, not truncated"
     );
     let (replayed, log) = replayed_log(&path, 1);
     assert_eq!((replayed.records, replayed.torn_bytes), (1, 0));
-    assert_eq!(log, vec![(9, b"new generation".to_vec())]);
+    assert_eq!(log, vec![(9, new)]);
 
     // Reopened (as after a restart), it continues with a newer generation.
     let mut f = JournalFile::open(&path).unwrap();
@@ -161,6 +178,50 @@ fn after_a_clear_the_older_generation_behind_the_end_is_not_replayed() {
     let (replayed, log) = replayed_log(&path, 1);
     assert_eq!(replayed.records, 1);
     assert_eq!(log, vec![(10, b"after restart".to_vec())]);
+}
+
+#[test]
+fn where_the_file_system_allows_direct_writes_they_stay_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let mut f = JournalFile::open(&path).unwrap();
+    let allowed = direct_io::open_direct(&path).unwrap().is_some();
+    assert_eq!(f.direct, allowed);
+    f.clear().unwrap();
+    for i in 1..=20u64 {
+        let value = vec![1u8; (i as usize * 1237) % 7000];
+        f.write_and_sync(&framed(&[insert(5, i, &value)])).unwrap();
+    }
+    f.clear().unwrap();
+    f.write_and_sync(&framed(&[insert(5, 21, b"x")])).unwrap();
+    // No write was refused as misaligned (which would fall back for good).
+    assert_eq!(f.direct, allowed);
+    drop(f);
+    assert_eq!(replayed_log(&path, 5).0.records, 1);
+}
+
+#[test]
+fn through_the_page_cache_the_same_frames_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    for round in 0..2u64 {
+        // As where the file system refuses O_DIRECT (tmpfs before Linux 6.6), and a restart.
+        let mut f = JournalFile::open_with(&path, false).unwrap();
+        assert!(!f.direct);
+        f.clear().unwrap();
+        let mut want = Vec::new();
+        for i in 1..=40u64 {
+            // Sizes that end frames inside blocks, on them, and past them.
+            let value = vec![i as u8; (i as usize * 613) % 9000];
+            f.write_and_sync(&framed(&[insert(4, round * 100 + i, &value)]))
+                .unwrap();
+            want.push((round * 100 + i, value));
+        }
+        drop(f);
+        let (replayed, log) = replayed_log(&path, 4);
+        assert_eq!((replayed.records, replayed.torn_bytes), (40, 0));
+        assert_eq!(log, want);
+    }
 }
 
 #[test]

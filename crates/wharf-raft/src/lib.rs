@@ -23,6 +23,7 @@
 //! (the caller sees `Role::Shutdown`).
 
 mod append_stream;
+mod direct_io;
 mod error;
 mod fault;
 mod flusher;
