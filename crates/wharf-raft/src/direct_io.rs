@@ -31,17 +31,19 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The alignment of every direct write: offset, length and memory. 4 KiB
 /// covers 512-byte and 4 KiB logical blocks.
 pub(crate) const BLOCK_BYTES: usize = 4096;
 
-/// Opens `path` (which exists) for direct writes; `Ok(None)` where the file
-/// system refuses `O_DIRECT`.
+/// Opens `path` (which exists) for direct reads and writes; `Ok(None)`
+/// where the file system refuses `O_DIRECT`.
+#[cfg(target_os = "linux")]
 pub(crate) fn open_direct(path: &Path) -> io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
     match std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
@@ -50,6 +52,13 @@ pub(crate) fn open_direct(path: &Path) -> io::Result<Option<File>> {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Elsewhere (no `O_DIRECT` flag, e.g. macOS) the journal goes through the
+/// page cache.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn open_direct(_path: &Path) -> io::Result<Option<File>> {
+    Ok(None)
 }
 
 /// Whether an error is the kernel refusing a direct write's alignment.
@@ -99,6 +108,16 @@ impl AlignedBlocks {
     /// The first `bytes` (whole blocks) of a [`Self::zeroed`] buffer.
     pub(crate) fn zeros(&self, bytes: usize) -> &[u8] {
         &self.raw[self.start..self.start + bytes]
+    }
+
+    /// The first `bytes` (whole blocks), to read into: aligned memory, as a
+    /// direct read wants. Clears the tail.
+    pub(crate) fn read_buffer(&mut self, bytes: usize) -> &mut [u8] {
+        self.reserve(bytes);
+        self.tail_len = 0;
+        self.filled = 0;
+        let start = self.start;
+        &mut self.raw[start..start + round_up(bytes as u64) as usize]
     }
 
     /// Sets the tail to `bytes` (shorter than a block), e.g. a file header.

@@ -216,7 +216,7 @@ impl JournalBuffer {
 /// same blocks go through the page cache.
 pub(crate) struct JournalFile {
     path: PathBuf,
-    /// Opened for writes: with `O_DIRECT` when `direct`.
+    /// Opened for reads and writes: with `O_DIRECT` when `direct`.
     file: File,
     direct: bool,
     /// Holds the bytes of the block `pos` is in, up to `pos`.
@@ -425,13 +425,17 @@ impl JournalFile {
         let mut header = [0u8; FILE_HEADER_BYTES];
         header[..8].copy_from_slice(FILE_MAGIC);
         header[8..].copy_from_slice(&generation.to_le_bytes());
-        self.allocate(FILE_HEADER_BYTES as u64)?;
+        self.allocate(direct_io::BLOCK_BYTES as u64)?;
         // The header's block is written whole, so it carries the old bytes
         // after the header unchanged: if the write tears and the old header
         // stands, the old generation still replays in full, never a prefix
-        // of it (which could set a key back to an older value).
+        // of it (which could set a key back to an older value). It is read
+        // through the fd that writes (direct where that is), so no stale
+        // cached page can stand in for what is on disk.
         let mut first_block = vec![0u8; direct_io::BLOCK_BYTES];
-        File::open(&self.path)?.read_exact_at(&mut first_block, 0)?;
+        let read = self.blocks.read_buffer(direct_io::BLOCK_BYTES);
+        self.file.read_exact_at(read, 0)?;
+        first_block.copy_from_slice(read);
         first_block[..FILE_HEADER_BYTES].copy_from_slice(&header);
         self.pos = 0;
         self.blocks.set_tail(&[]);
@@ -472,7 +476,10 @@ fn write_aligned(
                 error = %e,
                 "journal: direct writes refused, writing through the page cache"
             );
-            *file = std::fs::OpenOptions::new().write(true).open(path)?;
+            *file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)?;
             *direct = false;
             file.write_all_at(data, at)
         }

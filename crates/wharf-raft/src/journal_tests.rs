@@ -147,8 +147,18 @@ fn after_a_clear_the_older_generation_behind_the_end_is_not_replayed() {
         f.write_and_sync(&framed(&[insert(1, i, &old)])).unwrap();
     }
     let allocated = std::fs::metadata(&path).unwrap().len();
+    let before = std::fs::read(&path).unwrap();
     f.clear().unwrap();
     assert_eq!(replayed_log(&path, 1).0.records, 0, "cleared");
+    // The clear wrote block 0 whole, all but the header as it was: a torn
+    // write of it leaves the old header over the old frames, never a part.
+    let after = std::fs::read(&path).unwrap();
+    let block = direct_io::BLOCK_BYTES;
+    assert_ne!(after[..FILE_HEADER_BYTES], before[..FILE_HEADER_BYTES]);
+    assert_eq!(
+        after[FILE_HEADER_BYTES..block],
+        before[FILE_HEADER_BYTES..block]
+    );
     // As long as each old frame: the second old frame follows it on disk,
     // its header whole and valid but for the generation.
     let new = vec![b'n'; old.len()];
