@@ -432,14 +432,10 @@ impl JournalFile {
         // of it (which could set a key back to an older value). It is read
         // through the fd that writes (direct where that is), so no stale
         // cached page can stand in for what is on disk.
-        let mut first_block = vec![0u8; direct_io::BLOCK_BYTES];
-        let read = self.blocks.read_buffer(direct_io::BLOCK_BYTES);
-        self.file.read_exact_at(read, 0)?;
-        first_block.copy_from_slice(read);
-        first_block[..FILE_HEADER_BYTES].copy_from_slice(&header);
-        self.pos = 0;
-        self.blocks.set_tail(&[]);
-        self.write_blocks(&[&first_block])?;
+        let block = self.blocks.read_buffer(direct_io::BLOCK_BYTES);
+        self.file.read_exact_at(block, 0)?;
+        block[..FILE_HEADER_BYTES].copy_from_slice(&header);
+        write_aligned(&mut self.file, &mut self.direct, &self.path, block, 0)?;
         self.file.sync_data()?;
         self.blocks.set_tail(&header);
         self.generation = generation;
