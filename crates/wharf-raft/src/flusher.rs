@@ -15,13 +15,27 @@
 //! commit, and on our 2-core machines a wake-up is tens of microseconds
 //! (docs/BENCHMARKS.md, "Fewer hand-offs").
 //!
+//! For the same reason a log store may sync in its own task instead
+//! ([`Flusher::try_sync_inline`]): a follower's append, which the follower
+//! answers only once it is durable, when the journal is idle: nothing
+//! queued or syncing, and no sync ended within the last sync's time (a
+//! moving average). That takes two wake-ups (to this thread and back) off
+//! the commit of a lone write, as under sync publishing. Where syncs follow
+//! each other (pipelined publishes, several workers' acks), appends keep
+//! going to the thread, which syncs those that arrive together once; in
+//! the caller's task each would wait for the one before. A leader's
+//! appends always go to the thread: openraft starts replicating an entry
+//! only after its append returns.
+//!
 //! Invariants:
 //! - A completion is only ever signalled `Ok` after a sync that *started
 //!   after* the write was made (the write and its journal record come before
 //!   the completion is queued, and the buffer is taken after it is
 //!   dequeued). So `Ok` means "on disk"; for [`Flusher::flush`] it means "in
 //!   sled's files", not only in the journal.
-//! - Completions are signalled in queue order, so per-group order holds.
+//! - Completions are signalled in queue order, so per-group order holds. An
+//!   inline sync happens only when every completion submitted before it has
+//!   been signalled (none queued or in a batch), so it keeps that order.
 //! - A failed write or sync fails every completion of that batch; nothing
 //!   panics.
 //! - On stop, whatever is still queued gets one last checkpoint, then the
@@ -32,7 +46,13 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::MutexGuard;
+use std::time::Instant;
 
 use openraft::storage::IOFlushed;
 use tokio::sync::mpsc;
@@ -76,10 +96,60 @@ impl Waiter {
     }
 }
 
+/// What the flusher thread and inline syncs share.
+struct Shared {
+    /// The journal and sled files; `None` once the thread has stopped (so
+    /// a handle left over never keeps the node's `Db` open).
+    io: Mutex<Option<FlushIo>>,
+    /// Completions submitted and not yet signalled (queued, or in the
+    /// thread's current batch).
+    in_flight: AtomicUsize,
+    /// When the last sync ended, in microseconds since `epoch`.
+    last_sync_end_us: AtomicU64,
+    /// Moving average of a sync's duration, in microseconds.
+    sync_avg_us: AtomicU64,
+    epoch: Instant,
+}
+
+impl Shared {
+    /// The lock, also after a panic elsewhere (what it guards stays
+    /// consistent: a sync either happened or failed).
+    fn lock(&self) -> MutexGuard<'_, Option<FlushIo>> {
+        self.io
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// Records a sync that started at `started_us` and just ended.
+    fn sync_ended(&self, started_us: u64) {
+        let end = self.now_us();
+        let took = end.saturating_sub(started_us);
+        let avg = self.sync_avg_us.load(Ordering::Relaxed);
+        // Weight 1/8 for the newest: one odd sync moves it little.
+        let avg = if avg == 0 { took } else { (avg * 7 + took) / 8 };
+        self.sync_avg_us.store(avg, Ordering::Relaxed);
+        self.last_sync_end_us.store(end, Ordering::Release);
+    }
+
+    /// No sync ended within the last average sync's time: a write now is
+    /// alone, and nothing would share the thread's sync with it.
+    fn journal_idle(&self) -> bool {
+        let since = self
+            .now_us()
+            .saturating_sub(self.last_sync_end_us.load(Ordering::Acquire));
+        since >= self.sync_avg_us.load(Ordering::Relaxed)
+    }
+}
+
 /// Cheap handle for submitting completions to the node's flusher.
 #[derive(Clone)]
 pub(crate) struct Flusher {
     tx: mpsc::Sender<Waiter>,
+    shared: Arc<Shared>,
 }
 
 /// Owned by the node: stops the flusher thread and waits for it.
@@ -108,17 +178,28 @@ impl Flusher {
             spare: Vec::new(),
         };
         io.checkpoint().map_err(io_err)?;
+        let shared = Arc::new(Shared {
+            io: Mutex::new(Some(io)),
+            in_flight: AtomicUsize::new(0),
+            last_sync_end_us: AtomicU64::new(0),
+            sync_avg_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let (done_tx, done_rx) = oneshot::channel();
+        let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("wharf-flusher".into())
             .spawn(move || {
-                run(&mut io, rx);
-                drop(io);
+                run(&thread_shared, rx);
+                drop(thread_shared.lock().take());
                 let _ = done_tx.send(());
             })?;
         Ok((
-            Flusher { tx: tx.clone() },
+            Flusher {
+                tx: tx.clone(),
+                shared,
+            },
             FlusherTask {
                 tx,
                 done: Some(done_rx),
@@ -141,12 +222,58 @@ impl Flusher {
     /// Queues an append's callback; it is completed after the next flush.
     /// If the flusher is gone, the callback is failed and an error returned.
     pub(crate) async fn submit_log(&self, cb: IOFlushed<TypeConfig>) -> io::Result<()> {
-        match self.tx.send(Waiter::Log(cb)).await {
+        match self.send(Waiter::Log(cb)).await {
             Ok(()) => Ok(()),
-            Err(mpsc::error::SendError(w)) => {
+            Err(w) => {
                 let res = Err("flusher stopped".to_string());
                 w.complete(&res);
                 Err(io_err("flusher stopped"))
+            }
+        }
+    }
+
+    /// Writes and syncs the journal in the calling thread, if the journal
+    /// is idle: nothing queued or being synced, no sync ended within the
+    /// last average sync's time, no checkpoint due, not stopped. `None`
+    /// when it is not (then submit instead). Blocks for one journal sync;
+    /// everything recorded before the call is on disk once it returns
+    /// `Some(Ok(()))`.
+    pub(crate) fn try_sync_inline(&self) -> Option<io::Result<()>> {
+        let mut guard = match self.shared.io.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        // Read under the lock: the thread signals a batch and counts it
+        // done before it lets go, so 0 here means no earlier completion of
+        // any group is still waiting.
+        if self.shared.in_flight.load(Ordering::Acquire) != 0 || !self.shared.journal_idle() {
+            return None;
+        }
+        let io = guard.as_mut()?;
+        if io.journal.wants_checkpoint() {
+            return None;
+        }
+        crate::timeline::mark("sync_start", 0);
+        let started_us = self.shared.now_us();
+        let res = io.sync_journal();
+        self.shared.sync_ended(started_us);
+        crate::timeline::mark("sync_end", 0);
+        if let Err(e) = &res {
+            tracing::error!(error = %e, "inline journal sync failed");
+        }
+        Some(res.map_err(io_err))
+    }
+
+    /// Queues `waiter`, counted in flight until the thread signals it.
+    /// Gives it back if the thread is gone.
+    async fn send(&self, waiter: Waiter) -> Result<(), Waiter> {
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        match self.tx.send(waiter).await {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendError(w)) => {
+                self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                Err(w)
             }
         }
     }
@@ -168,8 +295,7 @@ impl Flusher {
         waiter: fn(oneshot::Sender<Result<(), String>>) -> Waiter,
     ) -> io::Result<()> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(waiter(tx))
+        self.send(waiter(tx))
             .await
             .map_err(|_| io_err("flusher stopped"))?;
         match rx.await {
@@ -262,7 +388,7 @@ impl FlushIo {
     }
 }
 
-fn run(io: &mut FlushIo, mut rx: mpsc::Receiver<Waiter>) {
+fn run(shared: &Shared, mut rx: mpsc::Receiver<Waiter>) {
     let mut batch: Vec<Waiter> = Vec::new();
     let mut stopping = false;
     while !stopping {
@@ -275,7 +401,7 @@ fn run(io: &mut FlushIo, mut rx: mpsc::Receiver<Waiter>) {
             stopping |= matches!(w, Waiter::Stop);
             batch.push(w);
         }
-        sync_and_complete(io, &mut batch);
+        sync_and_complete(shared, &mut batch);
     }
     // Stopping: refuse new work, then give what is queued one last checkpoint.
     rx.close();
@@ -284,28 +410,37 @@ fn run(io: &mut FlushIo, mut rx: mpsc::Receiver<Waiter>) {
     }
     if !batch.is_empty() {
         batch.push(Waiter::Stop);
-        sync_and_complete(io, &mut batch);
+        sync_and_complete(shared, &mut batch);
     }
     tracing::debug!("flusher stopped");
 }
 
-fn sync_and_complete(io: &mut FlushIo, batch: &mut Vec<Waiter>) {
+/// Syncs for `batch` and signals it, all under the lock (an inline sync
+/// must not start between the two: see `Flusher::try_sync_inline`).
+fn sync_and_complete(shared: &Shared, batch: &mut Vec<Waiter>) {
+    let mut guard = shared.lock();
     let wants_db = batch
         .iter()
         .any(|w| matches!(w, Waiter::Db(_) | Waiter::Stop));
     crate::timeline::mark("sync_start", batch.len() as u64);
-    let res = if wants_db || io.journal.wants_checkpoint() {
-        io.checkpoint()
-    } else {
-        io.sync_journal()
+    let started_us = shared.now_us();
+    let res = match guard.as_mut() {
+        Some(io) if wants_db || io.journal.wants_checkpoint() => io.checkpoint(),
+        Some(io) => io.sync_journal(),
+        None => Err("flusher stopped".to_string()),
     };
+    shared.sync_ended(started_us);
     if let Err(e) = &res {
         tracing::error!(error = %e, "flush failed");
     }
     crate::timeline::mark("sync_end", batch.len() as u64);
+    // Every waiter but Stop came through `Flusher::send`, which counted it.
+    let signalled = batch.iter().filter(|w| !matches!(w, Waiter::Stop)).count();
     for w in batch.drain(..) {
         w.complete(&res);
     }
+    shared.in_flight.fetch_sub(signalled, Ordering::AcqRel);
+    drop(guard);
 }
 
 #[cfg(test)]
@@ -369,5 +504,87 @@ mod tests {
             0,
             "the last checkpoint emptied the journal"
         );
+    }
+}
+
+#[cfg(test)]
+mod inline_tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use super::Flusher;
+    use crate::journal::JournalBuffer;
+    use crate::journal::JournalFile;
+    use crate::journal::Record;
+
+    fn replayed_records(dir: &std::path::Path, journal: &std::path::Path, name: &str) -> u64 {
+        let db = sled::Config::new().path(dir.join(name)).open().unwrap();
+        crate::journal::replay(journal, &db).unwrap().records
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inline_sync_only_when_nothing_else_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new()
+            .path(dir.path().join("sled"))
+            .open()
+            .unwrap();
+        let buffer = Arc::new(JournalBuffer::default());
+        let journal_path = dir.path().join("journal");
+        let journal = JournalFile::open(&journal_path).unwrap();
+        let (flusher, mut task) =
+            Flusher::spawn(db, &dir.path().join("sled"), buffer.clone(), journal).unwrap();
+
+        // Idle: the caller syncs, and the record is in the file at once.
+        // (Spawning checkpointed: wait out that sync's time first.)
+        while !flusher.shared.journal_idle() {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        buffer.push(&Record::DropGroup { group: 7 }).unwrap();
+        flusher
+            .try_sync_inline()
+            .expect("an idle flusher lets the caller sync")
+            .expect("synced");
+        assert_eq!(replayed_records(dir.path(), &journal_path, "r1"), 1);
+
+        // A completion still waiting (queued or in the thread's batch):
+        // the caller must queue behind it, or it would be signalled first.
+        flusher.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        assert!(flusher.try_sync_inline().is_none());
+        flusher.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+
+        // The thread (or another caller) syncing: no second sync at once.
+        {
+            let _busy = flusher.shared.io.lock().unwrap();
+            assert!(flusher.try_sync_inline().is_none());
+        }
+
+        // A sync that just ended: writes are following each other, and the
+        // thread's group commit serves them better.
+        flusher
+            .shared
+            .sync_avg_us
+            .store(60_000_000, Ordering::Relaxed);
+        flusher.shared.sync_ended(flusher.shared.now_us());
+        flusher
+            .shared
+            .sync_avg_us
+            .store(60_000_000, Ordering::Relaxed);
+        assert!(!flusher.shared.journal_idle());
+        assert!(flusher.try_sync_inline().is_none());
+        flusher.shared.sync_avg_us.store(0, Ordering::Relaxed);
+        assert!(flusher.shared.journal_idle());
+
+        // Queued work is counted until the thread has signalled it.
+        buffer.push(&Record::DropGroup { group: 8 }).unwrap();
+        flusher.sync_journal().await.expect("synced by the thread");
+        assert_eq!(flusher.shared.in_flight.load(Ordering::Acquire), 0);
+        assert_eq!(replayed_records(dir.path(), &journal_path, "r2"), 2);
+
+        // Stopped: the journal is gone from the shared state.
+        task.stop().await;
+        assert!(flusher.try_sync_inline().is_none());
+        assert!(flusher.sync_journal().await.is_err());
+        assert_eq!(flusher.shared.in_flight.load(Ordering::Acquire), 0);
     }
 }

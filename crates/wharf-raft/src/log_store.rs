@@ -13,7 +13,11 @@
 //! - `append` inserts its entries one by one in index order, so they are
 //!   readable by every reader as soon as it returns, and records them; the
 //!   flush callback goes to the node's group-commit [`Flusher`] and fires
-//!   only after the journal holding them is synced. It uses no
+//!   only after the journal holding them is synced. A follower's append
+//!   (entries proposed by another node) is synced in the caller's task
+//!   when the node's journal is idle (`Flusher::try_sync_inline`); a
+//!   leader's always goes through the flusher thread, so that its append
+//!   returns at once and replication starts. It uses no
 //!   `sled::Batch`: sled 0.34 writes out its current IO buffer before and
 //!   after every batch, each write an `fdatasync` (`crate::sled_files`).
 //! - `save_vote` and `truncate_after` return only after their records are
@@ -76,6 +80,8 @@ pub(crate) fn tree_names(group_id: GroupId) -> (String, String) {
 #[derive(Clone)]
 pub(crate) struct LogStore {
     group_id: GroupId,
+    /// This node: entries whose leader is another node are a follower's.
+    node_id: u64,
     log: sled::Tree,
     meta: sled::Tree,
     journal: Arc<JournalBuffer>,
@@ -88,6 +94,7 @@ impl LogStore {
     /// Opens (or creates) the trees of `group_id` in `db`.
     pub(crate) fn open(
         db: &sled::Db,
+        node_id: u64,
         group_id: GroupId,
         journal: Arc<JournalBuffer>,
         flusher: Flusher,
@@ -99,6 +106,7 @@ impl LogStore {
         Ok((
             LogStore {
                 group_id,
+                node_id,
                 log,
                 meta: meta.clone(),
                 journal,
@@ -272,8 +280,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Key by key in index order, not as one `sled::Batch`: see the
         // module docs.
         let mut recorded = Vec::new();
+        let mut from_other_leader = false;
         crate::timeline::mark("append_start", 0);
         for entry in entries {
+            from_other_leader |= entry.log_id.leader_id.node_id != self.node_id;
             let bytes = encode(&entry).map_err(io_err)?;
             let index = entry.log_id.index;
             self.log
@@ -286,6 +296,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             group: self.group_id,
             entries: recorded,
         })?;
+        if from_other_leader {
+            if let Some(synced) = self.flusher.try_sync_inline() {
+                callback.io_completed(synced);
+                return Ok(());
+            }
+        }
         self.flusher.submit_log(callback).await
     }
 

@@ -258,6 +258,7 @@ impl RaftNode {
         let fault = crate::fault::AppendFault::from_env(self.node_id, group_id);
         let (log_store, meta_tree) = LogStore::open(
             &self.db,
+            self.node_id,
             group_id,
             self.journal.clone(),
             self.flusher.clone(),

@@ -51,7 +51,7 @@ async fn bug6_log_reads_survive_a_sled_tree_whose_forward_scan_stops_early() {
     );
 
     let (flusher, _task, journal) = Flusher::spawn_for_tests(db.clone(), &path).expect("flusher");
-    let (mut log, _meta) = LogStore::open(&db, 2, journal, flusher, None).expect("log store");
+    let (mut log, _meta) = LogStore::open(&db, 1, 2, journal, flusher, None).expect("log store");
     let state = log.get_log_state().await.expect("log state");
     assert_eq!(state.last_log_id.map(|l| l.index), Some(34_260));
 

@@ -64,7 +64,7 @@ impl StoreBuilder<TypeConfig, LogStore, SmStore, Guard> for SledBuilder {
         let (flusher, task, journal) =
             Flusher::spawn_for_tests(db.clone(), &dir.path().join("sled")).map_err(storage_err)?;
         let (log, meta) =
-            LogStore::open(&db, 1, journal, flusher.clone(), None).map_err(storage_err)?;
+            LogStore::open(&db, 1, 1, journal, flusher.clone(), None).map_err(storage_err)?;
         let snapshots = SnapshotStore::new(1, &dir.path().join("snapshots"), meta, flusher);
         let sm = SmStore::new(Arc::new(Mutex::new(ListSm::default())), snapshots)
             .map_err(storage_err)?;
