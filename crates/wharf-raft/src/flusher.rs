@@ -505,17 +505,6 @@ mod tests {
             "the last checkpoint emptied the journal"
         );
     }
-}
-
-#[cfg(test)]
-mod inline_tests {
-    use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-
-    use super::Flusher;
-    use crate::journal::JournalBuffer;
-    use crate::journal::JournalFile;
-    use crate::journal::Record;
 
     fn replayed_records(dir: &std::path::Path, journal: &std::path::Path, name: &str) -> u64 {
         let db = sled::Config::new().path(dir.join(name)).open().unwrap();
@@ -524,16 +513,12 @@ mod inline_tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inline_sync_only_when_nothing_else_waits() {
+        use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new()
-            .path(dir.path().join("sled"))
-            .open()
-            .unwrap();
-        let buffer = Arc::new(JournalBuffer::default());
-        let journal_path = dir.path().join("journal");
-        let journal = JournalFile::open(&journal_path).unwrap();
-        let (flusher, mut task) =
-            Flusher::spawn(db, &dir.path().join("sled"), buffer.clone(), journal).unwrap();
+        let sled_dir = dir.path().join("sled");
+        let db = sled::Config::new().path(&sled_dir).open().unwrap();
+        let (flusher, mut task, buffer) = Flusher::spawn_for_tests(db, &sled_dir).unwrap();
+        let journal_path = sled_dir.with_extension("journal");
 
         // Idle: the caller syncs, and the record is in the file at once.
         // (Spawning checkpointed: wait out that sync's time first.)
