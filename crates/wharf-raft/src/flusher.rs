@@ -560,16 +560,21 @@ mod tests {
         flusher.shared.sync_avg_us.store(0, Ordering::Relaxed);
         assert!(flusher.shared.journal_idle());
 
-        // Queued work is counted until the thread has signalled it.
+        // Queued work is counted until the thread has signalled it. The
+        // thread signals, then counts, both under the lock: read it there.
         buffer.push(&Record::DropGroup { group: 8 }).unwrap();
         flusher.sync_journal().await.expect("synced by the thread");
-        assert_eq!(flusher.shared.in_flight.load(Ordering::Acquire), 0);
+        let settled = |f: &Flusher| {
+            let _io = f.shared.lock();
+            f.shared.in_flight.load(Ordering::Acquire)
+        };
+        assert_eq!(settled(&flusher), 0);
         assert_eq!(replayed_records(dir.path(), &journal_path, "r2"), 2);
 
         // Stopped: the journal is gone from the shared state.
         task.stop().await;
         assert!(flusher.try_sync_inline().is_none());
         assert!(flusher.sync_journal().await.is_err());
-        assert_eq!(flusher.shared.in_flight.load(Ordering::Acquire), 0);
+        assert_eq!(settled(&flusher), 0);
     }
 }
