@@ -21,9 +21,12 @@
 //! queued or syncing, and no sync ended within the last sync's time (a
 //! moving average). That takes two wake-ups (to this thread and back) off
 //! the commit of a lone write, as under sync publishing. Where syncs follow
-//! each other (pipelined publishes, several workers' acks), appends keep
-//! going to the thread, which syncs those that arrive together once; in
-//! the caller's task each would wait for the one before. A leader's
+//! each other back to back (pipelined publishes), appends keep going to
+//! the thread, which syncs those that arrive together once. Appends a
+//! little apart (several workers' acks) can still sync in their own task,
+//! and one that arrives meanwhile then waits for that sync instead of
+//! sharing the next: about 9% more syncs on the batch-1 queues
+//! (docs/BENCHMARKS.md, "A follower's sync in its own task"). A leader's
 //! appends always go to the thread: openraft starts replicating an entry
 //! only after its append returns.
 //!
