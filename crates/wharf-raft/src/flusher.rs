@@ -127,14 +127,18 @@ impl Shared {
         self.epoch.elapsed().as_micros() as u64
     }
 
-    /// Records a sync that started at `started_us` and just ended.
-    fn sync_ended(&self, started_us: u64) {
+    /// Records a sync that started at `started_us` and just ended. A
+    /// checkpoint (`journal_only` false) takes milliseconds: it marks the
+    /// end, but stays out of the average of a journal sync.
+    fn sync_ended(&self, started_us: u64, journal_only: bool) {
         let end = self.now_us();
-        let took = end.saturating_sub(started_us);
-        let avg = self.sync_avg_us.load(Ordering::Relaxed);
-        // Weight 1/8 for the newest: one odd sync moves it little.
-        let avg = if avg == 0 { took } else { (avg * 7 + took) / 8 };
-        self.sync_avg_us.store(avg, Ordering::Relaxed);
+        if journal_only {
+            let took = end.saturating_sub(started_us);
+            let avg = self.sync_avg_us.load(Ordering::Relaxed);
+            // Weight 1/8 for the newest: one odd sync moves it little.
+            let avg = if avg == 0 { took } else { (avg * 7 + took) / 8 };
+            self.sync_avg_us.store(avg, Ordering::Relaxed);
+        }
         self.last_sync_end_us.store(end, Ordering::Release);
     }
 
@@ -260,7 +264,7 @@ impl Flusher {
         crate::timeline::mark("sync_start", 0);
         let started_us = self.shared.now_us();
         let res = io.sync_journal();
-        self.shared.sync_ended(started_us);
+        self.shared.sync_ended(started_us, true);
         crate::timeline::mark("sync_end", 0);
         if let Err(e) = &res {
             tracing::error!(error = %e, "inline journal sync failed");
@@ -427,12 +431,16 @@ fn sync_and_complete(shared: &Shared, batch: &mut Vec<Waiter>) {
         .any(|w| matches!(w, Waiter::Db(_) | Waiter::Stop));
     crate::timeline::mark("sync_start", batch.len() as u64);
     let started_us = shared.now_us();
+    let checkpoint = wants_db
+        || guard
+            .as_ref()
+            .is_some_and(|io| io.journal.wants_checkpoint());
     let res = match guard.as_mut() {
-        Some(io) if wants_db || io.journal.wants_checkpoint() => io.checkpoint(),
+        Some(io) if checkpoint => io.checkpoint(),
         Some(io) => io.sync_journal(),
         None => Err("flusher stopped".to_string()),
     };
-    shared.sync_ended(started_us);
+    shared.sync_ended(started_us, !checkpoint);
     if let Err(e) = &res {
         tracing::error!(error = %e, "flush failed");
     }
@@ -553,7 +561,7 @@ mod tests {
             .shared
             .sync_avg_us
             .store(60_000_000, Ordering::Relaxed);
-        flusher.shared.sync_ended(flusher.shared.now_us());
+        flusher.shared.sync_ended(flusher.shared.now_us(), true);
         flusher
             .shared
             .sync_avg_us
@@ -562,6 +570,12 @@ mod tests {
         assert!(flusher.try_sync_inline().is_none());
         flusher.shared.sync_avg_us.store(0, Ordering::Relaxed);
         assert!(flusher.shared.journal_idle());
+
+        // A checkpoint, however long, marks the end but not the average.
+        flusher.shared.sync_avg_us.store(150, Ordering::Relaxed);
+        flusher.shared.sync_ended(0, false);
+        assert_eq!(flusher.shared.sync_avg_us.load(Ordering::Relaxed), 150);
+        flusher.shared.sync_avg_us.store(0, Ordering::Relaxed);
 
         // Queued work is counted until the thread has signalled it. The
         // thread signals, then counts, both under the lock: read it there.
