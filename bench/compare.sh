@@ -290,6 +290,8 @@ echo "CLIENT_THREADS=$CLIENT_THREADS" >>"$OUT/raw/machine.txt"
 KEEP_CPUS_AWAKE=${KEEP_CPUS_AWAKE:-0}
 echo "KEEP_CPUS_AWAKE=$KEEP_CPUS_AWAKE" >>"$OUT/raw/machine.txt"
 echo "WHARF_TMPFS=$WHARF_TMPFS" >>"$OUT/raw/machine.txt"
+# The checkout the run started from; with SKIP_BUILD=1 the binary may be older.
+echo "WHARF_CHECKOUT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo +dirty) SKIP_BUILD=${SKIP_BUILD:-0}" >>"$OUT/raw/machine.txt"
 if [ "$KEEP_CPUS_AWAKE" = 1 ]; then log "KEEP_CPUS_AWAKE=1: a SCHED_IDLE busy loop per core"; keep_cpus_awake; fi
 
 for rep in $(seq 1 "$REPS"); do

@@ -3,8 +3,9 @@
 //!
 //! A unary `Publish` costs a new HTTP/2 stream per message: request headers,
 //! response headers and trailers, and a task on the server. On a lane each
-//! publish is one DATA frame each way (docs/BENCHMARKS.md: sync publish over
-//! a stream of window 1 ran 1.07x the unary calls). The server answers a
+//! publish is one DATA frame each way (docs/benchmarks-changes.md, "What
+//! changed since runs R and S": sync publishing on lanes ran 1.20x the unary
+//! calls). The server answers a
 //! `PublishStream` in request order, so each ack belongs to the oldest
 //! waiter.
 //!

@@ -13,7 +13,7 @@
 //! It is a dedicated thread, not a task: each hand-off to another thread
 //! (a thread pool, `spawn_blocking`) is a wake-up on the path of every
 //! commit, and on our 2-core machines a wake-up is tens of microseconds
-//! (docs/BENCHMARKS.md, "Fewer hand-offs").
+//! (docs/BENCHMARKS.md, "What I would change next", item 3).
 //!
 //! For the same reason a log store may sync in its own task instead
 //! ([`Flusher::try_sync_inline`]): a follower's append, which the follower
@@ -26,7 +26,7 @@
 //! little apart (several workers' acks) can still sync in their own task,
 //! and one that arrives meanwhile then waits for that sync instead of
 //! sharing the next: about 9% more syncs on the batch-1 queues
-//! (docs/BENCHMARKS.md, "A follower's sync in its own task"). A leader's
+//! (docs/benchmarks-changes.md, "A follower's sync in its own task"). A leader's
 //! appends always go to the thread: openraft starts replicating an entry
 //! only after its append returns.
 //!

@@ -120,8 +120,8 @@ impl Group {
         // metrics on every turn of its core's loop, changed or not (heartbeat
         // times among them); receivers here are woken only when what they
         // see changed: every watcher woken per turn was a thread hand-off
-        // per publish (docs/BENCHMARKS.md, "Where one sync publish's time
-        // goes").
+        // per publish (docs/benchmarks-changes.md, "Where one sync publish's
+        // time goes").
         tokio::spawn(async move {
             let _core_gone_tx = core_gone_tx;
             loop {

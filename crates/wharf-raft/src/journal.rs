@@ -14,7 +14,8 @@
 //! Why: a sled flush hands the write of its IO buffer to sled's thread
 //! pool, whose seven idle threads all wake on every job, and waits on a
 //! condition variable for it: on our 2-core machines that was about a
-//! quarter of each node's CPU under sync publishing (docs/BENCHMARKS.md).
+//! quarter of each node's CPU under sync publishing (docs/benchmarks-changes.md,
+//! "What changed since runs G and H").
 //! Appending to a file and syncing it is done by the flusher alone.
 //!
 //! At open, before any group starts, the journal is replayed into sled

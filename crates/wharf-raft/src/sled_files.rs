@@ -21,7 +21,7 @@
 //!   `sync_sled_write` has run in this process it does nothing: sled's flush
 //!   returns only when every buffer up to then was written *and* synced
 //!   through `sync_sled_write`, so a second `fdatasync` would only cost time
-//!   (measured in docs/BENCHMARKS.md, "The sync path"). Without the
+//!   (measured in docs/benchmarks-history.md, "The sync path"). Without the
 //!   interposer (library tests, other executables) it syncs itself.
 //!
 //! sled's periodic flush thread is off (`flush_every_ms(None)` where the node

@@ -1,6 +1,6 @@
 //! Timestamps of a write's way through a node, for finding where a sync
-//! publish spends its time (docs/BENCHMARKS.md, "Where one sync publish's
-//! time goes").
+//! publish spends its time (docs/benchmarks-changes.md, "Where one sync
+//! publish's time goes").
 //!
 //! Built only with the `timeline` cargo feature; without it [`mark`] is an
 //! empty inline function and costs nothing. With it, and `WHARF_TIMELINE`

@@ -6,8 +6,8 @@
 //! message. One sled insert per block instead of one per message: under
 //! pipelined publishing an entry carries hundreds of messages, and sled's
 //! insert (tree descent, page fragment, allocation) was the largest single
-//! cost of applying it on every replica (docs/BENCHMARKS.md, "Payload
-//! blocks").
+//! cost of applying it on every replica (docs/benchmarks-history.md, "The
+//! storage path", item 3).
 //!
 //! Invariants:
 //! - Blocks never overlap: a block holds sequences `>=` its key and below
