@@ -12,7 +12,9 @@ in it the script finds the publish's Raft index (the leader's
 it follows (or, for points keyed by index, the one with that index). The
 followers are named by which answered first in that window: the first one
 is the one the commit waited for. It prints, per point, the median and p90
-offset from `svc_recv` in microseconds, and the median of each step.
+offset from `svc_recv` in microseconds, and the median of each step; then
+each step's p50 and p99, and its p50 among the slowest 2% of publishes (by
+the leader's receive to reply), to show which steps make the tail.
 Windows missing a point (the first and last, a flush that covered two
 publishes' answers) are left out and counted.
 """
@@ -101,6 +103,7 @@ def main():
     starts = [t for t, p, _ in leader if p == "svc_recv"]
     offsets = collections.defaultdict(list)
     cycles, skipped = [], 0
+    publishes = []  # per complete publish: {(node, point): us from svc_recv}, and its cycle
     for lo, hi in zip(starts, starts[1:]):
         lev = window(leader, lo, hi)
         lp, index = leader_points(lev, lo, hi)
@@ -115,22 +118,34 @@ def main():
         if not rows or any(rows[k] is None for k in needed):
             skipped += 1
             continue
+        one = {}
         for k, v in rows.items():
             if v is not None:
                 offsets[k].append((v - lo) / 1000)
+                one[k] = (v - lo) / 1000
+        # When the entry could commit: the leader's sync and the first
+        # follower's answer both done (one clock: every node is on this machine).
+        if ("leader", "sync_end") in one and ("first follower", "f_answer") in one:
+            one[("leader", "ready")] = max(one[("leader", "sync_end")], one[("first follower", "f_answer")])
         cycles.append((hi - lo) / 1000)
+        publishes.append((one, (hi - lo) / 1000))
     if not cycles:
         sys.exit("no complete publish in the files")
     print(f"publishes: {len(cycles)} complete, {skipped} left out")
     print(f"publish to next publish (us): median {statistics.median(cycles):.0f}")
     print()
-    print(f"{'node':<16} {'point':<14} {'p50 us':>8} {'p90 us':>8}  (from the leader's svc_recv)")
+    served = sorted(publishes, key=lambda pc: pc[0].get(("leader", "svc_reply"), 0))
+    tail = served[-max(1, len(served) * TAIL_PERCENT // 100):]
+    print(f"{'node':<16} {'point':<14} {'p50 us':>8} {'p90 us':>8} {'p50 of the slowest ' + str(TAIL_PERCENT) + '%':>22}"
+          "  (from the leader's svc_recv)")
     rows = sorted(offsets.items(), key=lambda kv: statistics.median(kv[1]))
     for (node, point), v in rows:
         q = statistics.quantiles(v, n=10) if len(v) > 1 else [v[0]] * 9
-        print(f"{node:<16} {point:<14} {statistics.median(v):>8.0f} {q[8]:>8.0f}")
+        t = [one[(node, point)] for one, _ in tail if (node, point) in one]
+        shown = f"{statistics.median(t):>22.0f}" if t else f"{'-':>22}"
+        print(f"{node:<16} {point:<14} {statistics.median(v):>8.0f} {q[8]:>8.0f} {shown}")
     print()
-    print("steps (median of each publish's difference, us):")
+    print("steps (us; each publish's difference between two points):")
     steps = [
         ("leader: handler to client_write", ("leader", "svc_recv"), ("leader", "write_start")),
         ("leader: client_write to log append", ("leader", "write_start"), ("leader", "append_start")),
@@ -144,16 +159,48 @@ def main():
         ("follower: fdatasync to answer", ("first follower", "sync_end"), ("first follower", "f_answer")),
         ("follower answer to leader reads it", ("first follower", "f_answer"), ("leader", "answer")),
         ("leader: answer to apply", ("leader", "answer"), ("leader", "apply")),
+        ("leader synced and first answer sent, to apply", ("leader", "ready"), ("leader", "apply")),
         ("leader: apply to client_write returns", ("leader", "apply"), ("leader", "write_done")),
         ("leader: client_write returns to reply", ("leader", "write_done"), ("leader", "svc_reply")),
         ("reply to the client's next publish", ("leader", "svc_reply"), None),
     ]
+    # The slowest publishes by the leader's own time from receiving one to
+    # answering it (`tail`, above): which steps make the tail.
+    print(f"  {'':<48} {'p50':>6} {'p99':>6} {'p50 of the slowest ' + str(TAIL_PERCENT) + '%':>22}")
     for name, a, b in steps:
-        va = offsets.get(a, [])
-        vb = offsets.get(b, []) if b else cycles
-        pairs = [y - x for x, y in zip(va, vb)] if len(va) == len(vb) else []
-        shown = f"{statistics.median(pairs):>6.0f}" if pairs else "     -"
-        print(f"  {name:<42} {shown}")
+        cols = []
+        for group, q in ((publishes, 50), (publishes, 99), (tail, 50)):
+            d = [(one[b] if b else cycle) - one[a] for one, cycle in group
+                 if a in one and (b is None or b in one)]
+            cols.append(f"{percentile(d, q):>6.0f}" if d else "     -")
+        print(f"  {name:<48} {cols[0]} {cols[1]} {cols[2]:>22}")
+    # The commit's path cut into segments that add up to the leader's
+    # receive-to-reply: where the slowest publishes' extra time went.
+    path = [("leader", "svc_recv"), ("leader", "send"), ("first follower", "f_recv"),
+            ("first follower", "sync_start"), ("first follower", "sync_end"),
+            ("first follower", "f_answer"), ("leader", "ready"), ("leader", "apply"),
+            ("leader", "svc_reply")]
+    whole = [one for one, _ in publishes if all(k in one for k in path)]
+    slow = [one for one, _ in tail if all(k in one for k in path)]
+    if whole and slow:
+        print(f"\nalong the commit's path, mean us (all {len(whole)}, the slowest {len(slow)}):")
+        for a, b in zip(path, path[1:]):
+            m_all = statistics.mean(one[b] - one[a] for one in whole)
+            m_slow = statistics.mean(one[b] - one[a] for one in slow)
+            name = f"{a[0]} {a[1]} to {b[0]} {b[1]}"
+            print(f"  {name:<56} {m_all:>6.0f} {m_slow:>6.0f}  +{m_slow - m_all:.0f}")
+    total = [one[("leader", "svc_reply")] for one, _ in tail]
+    print(f"\nthe slowest {TAIL_PERCENT}%: {len(tail)} publishes, the leader's receive to reply "
+          f"{min(total):.0f}-{max(total):.0f} us")
+
+
+# Share of publishes, slowest by the leader's receive-to-reply, shown apart.
+TAIL_PERCENT = 2
+
+
+def percentile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(len(v) * q / 100))]
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #   bench/timeline.sh                      # builds target/release/wharf --features timeline
 #   SKIP_BUILD=1 WHARF=/tmp/wharf-timeline bench/timeline.sh
 #   SERVER_FLAGS="--worker-threads 1" BENCH_FLAGS="--pub 1 --duration 10s" bench/timeline.sh
+#   KEEP_DIR=/tmp/tl bench/timeline.sh    # and keep the nodes' files
 #
 # Starts three `wharf server` processes on 127.0.0.1:7401-7403, each with
 # WHARF_TIMELINE set (crates/wharf-raft/src/timeline.rs), runs one sync
@@ -38,4 +39,6 @@ PY
 # kill -9 loses each server's last buffered marks (under 64 KiB): the
 # publishes of the run's last moments are left out as incomplete.
 stop_wharf_nodes
+# KEEP_DIR=DIR keeps the nodes' timeline files for bench/timeline.py DIR.
+if [ -n "${KEEP_DIR:-}" ]; then mkdir -p "$KEEP_DIR" && cp "$RUN"/t.* "$KEEP_DIR"/; fi
 python3 "$ROOT/bench/timeline.py" "$RUN"
