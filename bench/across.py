@@ -19,6 +19,8 @@ import json
 import statistics
 import sys
 
+from summarize import fmt
+
 # Settings in raw/machine.txt under which a run is not a default-against-default one.
 NOT_DEFAULT = {
     "WHARF_TMPFS": "0",
@@ -44,14 +46,6 @@ def nats_side(machine):
             version = line.split(":", 1)[1].strip().lstrip("v")
     fsyncs = setting(machine, "NATS_SYNC_ALWAYS") == "1"
     return f"NATS {version}" + (" with sync_interval: always" if fsyncs else ", no fsync before ack")
-
-
-def fmt(v):
-    if v is None:
-        return "-"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    return f"{v:.2f}".rstrip("0").rstrip(".")
 
 
 def main():
