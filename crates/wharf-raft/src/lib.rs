@@ -94,7 +94,7 @@ pub type SnapshotExpander = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send 
 /// A state machine shared between its group and the server.
 pub type SharedStateMachine = Arc<std::sync::Mutex<dyn StateMachine>>;
 
-/// Timing and snapshot settings, the same for every group of a node.
+/// Timing, snapshot and cache settings, the same for every group of a node.
 #[derive(Clone, Debug)]
 pub struct RaftSettings {
     /// Leader heartbeat interval; also the deadline of replication RPCs.
@@ -110,7 +110,13 @@ pub struct RaftSettings {
     /// listen address when it is a specific one), so that network faults can
     /// be injected per link by address. `None` lets the OS choose.
     pub bind_ip: Option<std::net::IpAddr>,
+    /// sled's page cache, a soft limit shared by every group of the node:
+    /// most of a node's memory under load (docs/CONFIG.md, "Memory").
+    pub cache_bytes: u64,
 }
+
+/// The default of [`RaftSettings::cache_bytes`].
+pub const DEFAULT_CACHE_BYTES: u64 = 256 * 1024 * 1024;
 
 impl Default for RaftSettings {
     fn default() -> Self {
@@ -125,6 +131,7 @@ impl Default for RaftSettings {
             // payloads, so building one costs O(messages), not O(bytes).
             snapshot_every_entries: Some(10_000),
             bind_ip: None,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }

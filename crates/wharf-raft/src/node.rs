@@ -69,8 +69,6 @@ use crate::RaftError;
 use crate::RaftSettings;
 use crate::SharedStateMachine;
 
-/// sled page cache size; a soft limit shared by all groups of the node.
-const SLED_CACHE_BYTES: u64 = 256 * 1024 * 1024;
 /// Deadline for each 1 MiB snapshot chunk on the wire.
 const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 3000;
 /// Log entries kept after a snapshot, for followers that lag a little.
@@ -173,7 +171,7 @@ impl RaftNode {
         let sled_dir = data_dir.join("sled");
         let db = sled::Config::new()
             .path(&sled_dir)
-            .cache_capacity(SLED_CACHE_BYTES)
+            .cache_capacity(settings.cache_bytes)
             // Only the node's flusher syncs (see `sled_files`): sled's own
             // periodic fsync would make a pointer durable before its blob.
             .flush_every_ms(None)

@@ -86,6 +86,7 @@ fn settings() -> RaftSettings {
         election_max_ms: 800,
         snapshot_every_entries: None,
         bind_ip: None,
+        ..RaftSettings::default()
     }
 }
 

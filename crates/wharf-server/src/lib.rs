@@ -65,4 +65,4 @@ pub use error::ServerError;
 pub use limits::Limits;
 pub use node::{Node, NodeConfig};
 pub use security::SecurityConfig;
-pub use wharf_raft::RaftSettings;
+pub use wharf_raft::{RaftSettings, DEFAULT_CACHE_BYTES};

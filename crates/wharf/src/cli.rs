@@ -107,6 +107,11 @@ pub struct ServerArgs {
     /// thread switches (docs/BENCHMARKS.md).
     #[arg(long, env = "WHARF_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Memory for the node's cache of stored pages, in MiB, shared by every
+    /// group; most of the node's memory under load (docs/CONFIG.md,
+    /// "Memory") [default: 256].
+    #[arg(long, env = "WHARF_CACHE_MB")]
+    pub cache_mb: Option<u64>,
     /// Address to serve Prometheus metrics on over HTTP (GET /metrics),
     /// e.g. 0.0.0.0:9090 [default: none, no metrics endpoint].
     #[arg(long, env = "WHARF_METRICS_LISTEN")]

@@ -28,6 +28,7 @@ pub struct FileConfig {
     election_max_ms: Option<u64>,
     snapshot_every_entries: Option<u64>,
     worker_threads: Option<usize>,
+    cache_mb: Option<u64>,
     metrics_listen: Option<String>,
     log_format: Option<LogFormat>,
     limits: Option<crate::limits_config::LimitsFile>,
@@ -62,6 +63,24 @@ pub fn log_format(args: &ServerArgs) -> Result<LogFormat> {
         None => FileConfig::default(),
     };
     Ok(file.log_format.unwrap_or_default())
+}
+
+/// Bounds of `--cache-mb`: below 16 MiB sled would evict the pages of the
+/// groups' own indexes under any load; the upper bound only keeps the
+/// conversion to bytes far from overflow.
+const CACHE_MB: std::ops::RangeInclusive<u64> = 16..=1024 * 1024;
+
+/// The page cache's size in bytes from `--cache-mb`, its variable or the file.
+fn cache_bytes(flag: Option<u64>, file: Option<u64>) -> Result<u64> {
+    match flag.or(file) {
+        None => Ok(wharf_server::DEFAULT_CACHE_BYTES),
+        Some(mb) if CACHE_MB.contains(&mb) => Ok(mb * 1024 * 1024),
+        Some(mb) => bail!(
+            "--cache-mb {mb} is out of range: from {} to {} MiB",
+            CACHE_MB.start(),
+            CACHE_MB.end()
+        ),
+    }
 }
 
 /// Most threads `--worker-threads` accepts.
@@ -256,6 +275,7 @@ pub fn resolve(args: ServerArgs) -> Result<NodeConfig> {
             Some(n) => Some(n),
             None => defaults.snapshot_every_entries,
         },
+        cache_bytes: cache_bytes(args.cache_mb, file.cache_mb)?,
         ..defaults
     };
     Ok(NodeConfig {
@@ -328,6 +348,7 @@ mod tests {
             election_max_ms,
             snapshot_every_entries,
             worker_threads,
+            cache_mb,
             metrics_listen,
             log_format,
             limits,
@@ -342,7 +363,7 @@ mod tests {
         assert!(node_id.is_some() && listen.is_some() && data.is_some() && peers.is_some());
         assert!(heartbeat_ms.is_some() && election_min_ms.is_some() && election_max_ms.is_some());
         assert!(metrics_listen.is_some() && snapshot_every_entries.is_some());
-        assert!(worker_threads.is_some());
+        assert!(worker_threads.is_some() && cache_mb.is_some());
         assert_eq!(log_format, Some(LogFormat::Json));
 
         let dir = tempfile::tempdir().unwrap();
@@ -364,6 +385,10 @@ mod tests {
         assert_eq!(Some(c.raft.heartbeat_ms), heartbeat_ms);
         assert_eq!(Some(c.raft.election_min_ms), election_min_ms);
         assert_eq!(Some(c.raft.election_max_ms), election_max_ms);
+        assert_eq!(
+            cache_mb.map(|mb| mb * 1024 * 1024),
+            Some(c.raft.cache_bytes)
+        );
         assert_eq!(c.limits.max_connections_per_ip, 1024);
     }
 
@@ -381,6 +406,7 @@ mod tests {
             election_max_ms: None,
             snapshot_every_entries: None,
             worker_threads: None,
+            cache_mb: None,
             metrics_listen: None,
             log_format: None,
             limits: Default::default(),
@@ -472,6 +498,40 @@ mod tests {
             };
             let err = super::worker_threads(&args).unwrap_err().to_string();
             assert!(err.contains("--worker-threads"), "{err}");
+        }
+    }
+
+    #[test]
+    fn cache_from_flag_or_file_and_refused_out_of_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wharf.toml");
+        std::fs::write(&path, "cache_mb = 64\n").unwrap();
+        let args = one_node_flags();
+        let default = resolve(args.clone()).unwrap().raft.cache_bytes;
+        assert_eq!(default, 256 * 1024 * 1024);
+        let from_file = ServerArgs {
+            config: Some(path),
+            ..args.clone()
+        };
+        assert_eq!(
+            resolve(from_file.clone()).unwrap().raft.cache_bytes,
+            64 << 20
+        );
+        let flag_wins = ServerArgs {
+            cache_mb: Some(32),
+            ..from_file
+        };
+        assert_eq!(resolve(flag_wins).unwrap().raft.cache_bytes, 32 << 20);
+        for bad in [0, 15, 1024 * 1024 + 1, u64::MAX] {
+            let args = ServerArgs {
+                cache_mb: Some(bad),
+                ..args.clone()
+            };
+            let err = resolve(args).unwrap_err().to_string();
+            assert!(
+                err.contains("--cache-mb") && err.contains("out of range"),
+                "{err}"
+            );
         }
     }
 }
