@@ -111,7 +111,8 @@ pub struct RaftSettings {
     /// be injected per link by address. `None` lets the OS choose.
     pub bind_ip: Option<std::net::IpAddr>,
     /// sled's page cache, a soft limit shared by every group of the node:
-    /// most of a node's memory under load (docs/CONFIG.md, "Memory").
+    /// one part of a node's memory; the backlogs held are another
+    /// (docs/CONFIG.md, "Memory").
     pub cache_bytes: u64,
 }
 

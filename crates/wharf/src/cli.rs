@@ -108,7 +108,7 @@ pub struct ServerArgs {
     #[arg(long, env = "WHARF_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Memory for the node's cache of stored pages, in MiB, shared by every
-    /// group; most of the node's memory under load (docs/CONFIG.md,
+    /// group; one part of the node's memory, beside its backlogs (docs/CONFIG.md,
     /// "Memory") [default: 256].
     #[arg(long, env = "WHARF_CACHE_MB")]
     pub cache_mb: Option<u64>,
