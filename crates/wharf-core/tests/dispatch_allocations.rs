@@ -3,7 +3,7 @@
 //! One cycle is what the consumer runtime does for each plan: three workers
 //! each have a pull waiting, the dispatcher plans them, the plan is applied
 //! as a delivery, settled, and every message is acked. A counting global
-//! allocator (this test binary only) counts the allocations the cycles make
+//! allocator (`support/counting_alloc.rs`) counts the allocations the cycles make
 //! on this thread, after a warm-up, with 10,000 messages already pending so
 //! the consumer's maps have their working depth.
 //!
@@ -28,55 +28,11 @@
 //! Left out: the server's side of the path (Raft entries, gRPC messages),
 //! which is not in this crate.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
+use counting_alloc::allocations_in;
 use wharf_core::{ConsumerConfig, ConsumerState, Dispatcher, StreamConfig, StreamState};
-
-struct Counting;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count_one() {
-    // `try_with`: the allocator may run while this thread's locals are gone.
-    let on = COUNTING.try_with(Cell::get).unwrap_or(false);
-    if on {
-        let _ = ALLOCATIONS.try_with(|a| a.set(a.get() + 1));
-    }
-}
-
-// SAFETY: every call is passed straight to the system allocator; counting
-// touches only const-initialised thread locals, which never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Allocations made by `f` on this thread.
-fn allocations_in(f: impl FnOnce()) -> u64 {
-    ALLOCATIONS.with(|a| a.set(0));
-    COUNTING.with(|c| c.set(true));
-    f();
-    COUNTING.with(|c| c.set(false));
-    ALLOCATIONS.with(Cell::get)
-}
 
 const WORKERS: u64 = 3;
 const ALREADY_PENDING: u64 = 10_000;
