@@ -20,6 +20,15 @@
 //!   returns at once and replication starts. It uses no
 //!   `sled::Batch`: sled 0.34 writes out its current IO buffer before and
 //!   after every batch, each write an `fdatasync` (`crate::sled_files`).
+//! - Purges and truncations remove key by key, not in a batch either: sled
+//!   0.34 holds every page a batch touched, and the IO buffers it filled,
+//!   until the whole batch is applied, and a purge of a large log made one
+//!   batch hold most of a node's heap (384 MiB of 606 at the peak of a
+//!   million messages drained, in `bench/results/heap-20261208.txt`). So a
+//!   crash can keep part of a removal: a purge removes from the lowest
+//!   index up and a truncation from the highest down, so that what is left
+//!   is still one run of indexes, and replay finishes both (the journal's
+//!   `LogRemove`, and [`remove_purged_entries`]).
 //! - `save_vote` and `truncate_after` return only after their records are
 //!   synced. For the truncation this is what makes replay safe: no append
 //!   ever follows a truncation that could still be lost (see
@@ -145,9 +154,11 @@ impl LogStore {
         }
     }
 
-    /// Removes the entries `[from, to]` that exist, key by key, in one batch.
-    fn remove_indexes(&self, from: u64, to: u64) -> io::Result<()> {
-        remove_range(&self.log, from, to)?;
+    /// Removes the entries `[from, to]` that exist, key by key (module
+    /// docs: no batch), in the order that keeps what is left one run of
+    /// indexes if a crash keeps only some of the removals.
+    fn remove_indexes(&self, from: u64, to: u64, order: RemoveOrder) -> io::Result<()> {
+        remove_range(&self.log, from, to, order)?;
         self.journal.push(&Record::LogRemove {
             group: self.group_id,
             from,
@@ -156,12 +167,21 @@ impl LogStore {
     }
 }
 
-fn remove_range(log: &sled::Tree, from: u64, to: u64) -> io::Result<()> {
-    let mut batch = sled::Batch::default();
-    for index in from..=to {
-        batch.remove(&index_key(index));
+/// Which end of the log a removal starts from.
+#[derive(Clone, Copy, Debug)]
+enum RemoveOrder {
+    /// A purge: lowest index first, so a part kept is a shorter prefix gone.
+    Ascending,
+    /// A truncation: highest first, so a part kept is a shorter suffix gone.
+    Descending,
+}
+
+fn remove_range(log: &sled::Tree, from: u64, to: u64, order: RemoveOrder) -> io::Result<()> {
+    let remove = |index| log.remove(index_key(index)).map(drop).map_err(io_err);
+    match order {
+        RemoveOrder::Ascending => (from..=to).try_for_each(remove),
+        RemoveOrder::Descending => (from..=to).rev().try_for_each(remove),
     }
-    log.apply_batch(batch).map_err(io_err)
 }
 
 /// The sled key of a log index.
@@ -181,7 +201,9 @@ pub(crate) fn remove_purged_entries(db: &sled::Db, group_id: GroupId) -> io::Res
     let purged: LogId = decode(&bytes).map_err(io_err)?;
     let log = db.open_tree(log_name).map_err(io_err)?;
     match LogStore::bound_index(log.first())? {
-        Some(first) if first <= purged.index => remove_range(&log, first, purged.index),
+        Some(first) if first <= purged.index => {
+            remove_range(&log, first, purged.index, RemoveOrder::Ascending)
+        }
         _ => Ok(()),
     }
 }
@@ -315,7 +337,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         match LogStore::bound_index(self.log.last())? {
             Some(last) if last >= from => {
-                self.remove_indexes(from, last)?;
+                self.remove_indexes(from, last, RemoveOrder::Descending)?;
                 // Synced before anything is appended after it (module docs).
                 self.flusher.sync_journal().await
             }
@@ -326,7 +348,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         self.write_meta(KEY_LAST_PURGED, &log_id)?;
         match LogStore::bound_index(self.log.first())? {
-            Some(first) if first <= log_id.index => self.remove_indexes(first, log_id.index),
+            Some(first) if first <= log_id.index => {
+                self.remove_indexes(first, log_id.index, RemoveOrder::Ascending)
+            }
             _ => Ok(()),
         }
     }

@@ -105,13 +105,15 @@ impl SnapshotStore {
         Ok(stored.is_none() || *stored < meta.last_log_id)
     }
 
-    async fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
+    /// `data` is shared, not copied, with the task that writes the file: a
+    /// stream's snapshot is its whole index (38 MiB at a million messages).
+    async fn save(&self, meta: &SnapshotMeta, data: Bytes) -> io::Result<()> {
         if !self.is_newer(meta)? {
             return Ok(());
         }
         let index = meta.last_log_id.as_ref().map_or(0, |l| l.index);
         let name = format!("g{}.{index}.snap", self.group_id);
-        let (dir, file, bytes) = (self.dir.clone(), name.clone(), data.to_vec());
+        let (dir, file, bytes) = (self.dir.clone(), name.clone(), data);
         tokio::task::spawn_blocking(move || write_durably(&dir, &file, &bytes))
             .await
             .map_err(|e| io_err(format!("snapshot write task: {e}")))??;
@@ -258,15 +260,15 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let data = self
-            .data
-            .clone()
-            .map_err(|e| io_err(format!("state machine snapshot: {e}")))?;
-        self.snapshots.save(&self.meta, &data).await?;
+        // Taken, not cloned: openraft builds each builder's snapshot once.
+        let taken = std::mem::replace(&mut self.data, Err("already built".to_string()));
+        let data = Bytes::from(taken.map_err(|e| io_err(format!("state machine snapshot: {e}")))?);
+        self.snapshots.save(&self.meta, data.clone()).await?;
         Ok(Snapshot {
             meta: self.meta.clone(),
             snapshot: SnapshotData {
-                bytes: data,
+                // No copy: the writing task has dropped its share by now.
+                bytes: Vec::from(data),
                 expander: Some(self.expander.clone()),
             },
         })
@@ -358,7 +360,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         })?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.snapshots.save(meta, &local).await
+        self.snapshots.save(meta, Bytes::from(local)).await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
