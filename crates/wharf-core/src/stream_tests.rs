@@ -335,3 +335,49 @@ fn state_round_trips_through_serde() {
     let back: StreamState = serde_json::from_str(&json).unwrap();
     assert_eq!(back, s);
 }
+
+#[test]
+fn messages_share_their_subject_also_when_read_back_from_a_snapshot() {
+    let mut s = stream(config(&["orders.>"]));
+    for (i, subject) in ["orders.new", "orders.new", "orders.paid", "orders.new"]
+        .iter()
+        .enumerate()
+    {
+        s.append(subject, 10, i as i64).unwrap();
+    }
+    let shared = |s: &StreamState, a: u64, b: u64| {
+        Arc::ptr_eq(&s.get(a).unwrap().subject, &s.get(b).unwrap().subject)
+    };
+    assert!(shared(&s, 1, 2) && shared(&s, 1, 4));
+    assert!(!shared(&s, 1, 3));
+
+    let back: StreamState = bincode::deserialize(&bincode::serialize(&s).unwrap()).unwrap();
+    assert!(shared(&back, 1, 2) && shared(&back, 1, 4));
+    assert_eq!(&*back.get(3).unwrap().subject, "orders.paid");
+    assert_eq!(back, s);
+}
+
+#[test]
+fn a_shared_subject_is_written_as_the_string_it_replaced() {
+    // Snapshots written before subjects were shared read back, and the other way.
+    #[derive(Serialize)]
+    struct WithString {
+        subject: String,
+        size: u64,
+        published_ms: i64,
+    }
+    let meta = MsgMeta {
+        subject: Arc::from("orders.new"),
+        size: 7,
+        published_ms: -3,
+    };
+    let old = WithString {
+        subject: "orders.new".to_string(),
+        size: 7,
+        published_ms: -3,
+    };
+    assert_eq!(
+        bincode::serialize(&meta).unwrap(),
+        bincode::serialize(&old).unwrap()
+    );
+}
