@@ -104,7 +104,7 @@ pub fn start_position(config: &ConsumerConfig, stream: &StreamState) -> (u64, Ve
             let mut last: BTreeMap<&str, u64> = BTreeMap::new();
             for seq in matching() {
                 if let Some(meta) = stream.get(seq) {
-                    last.insert(&*meta.subject, seq);
+                    last.insert(meta.subject.as_str(), seq);
                 }
             }
             let mut backlog: Vec<u64> = last.into_values().collect();

@@ -27,17 +27,10 @@
 //!   previous publish time) so age expiry can stop at the first young
 //!   message even if a new leader's clock is behind the old one's.
 //!
-//! Memory: a message's subject is one `Arc<str>` per distinct subject,
-//! shared by every message stored under it and by the `subjects` key, so a
-//! message costs no allocation of its own for it (`tests/stream_memory.rs`
-//! counts the bytes per message). A state read back from a snapshot shares
-//! them again as it is read.
-//!
 //! Deliberately left out: `num_deleted`
 //! bookkeeping, and `discard_new_per_subject` (see [`StreamConfig`]).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
 
 #[path = "retention.rs"]
 pub mod retention;
@@ -61,9 +54,8 @@ pub const MAX_MSG_ID_BYTES: usize = 1024;
 /// elsewhere).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MsgMeta {
-    /// Subject it was published to, shared with the other messages stored
-    /// under it (module docs, "Memory").
-    pub subject: Arc<str>,
+    /// Subject it was published to.
+    pub subject: String,
     /// Payload size in bytes.
     pub size: u64,
     /// When it was stored.
@@ -112,10 +104,9 @@ pub struct Purge {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamState {
     config: StreamConfig,
-    #[serde(deserialize_with = "msgs_sharing_subjects")]
     msgs: BTreeMap<u64, MsgMeta>,
     /// Stored sequences per subject, ascending.
-    subjects: BTreeMap<Arc<str>, VecDeque<u64>>,
+    subjects: BTreeMap<String, VecDeque<u64>>,
     dedup: DedupWindow,
     last_seq: u64,
     bytes: u64,
@@ -123,25 +114,6 @@ pub struct StreamState {
     last_published_ms: i64,
     /// Consumers registered for work-queue or interest retention.
     interest: BTreeMap<String, InterestedConsumer>,
-}
-
-/// Reads the message index of a snapshot, each message's subject shared
-/// with the messages read before it under the same subject.
-fn msgs_sharing_subjects<'de, D>(deserializer: D) -> Result<BTreeMap<u64, MsgMeta>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    let mut msgs = BTreeMap::<u64, MsgMeta>::deserialize(deserializer)?;
-    let mut seen = BTreeSet::<Arc<str>>::new();
-    for meta in msgs.values_mut() {
-        match seen.get(&meta.subject) {
-            Some(shared) => meta.subject = Arc::clone(shared),
-            None => {
-                seen.insert(Arc::clone(&meta.subject));
-            }
-        }
-    }
-    Ok(msgs)
 }
 
 impl StreamState {
@@ -252,22 +224,21 @@ impl StreamState {
         self.last_seq += 1;
         let seq = self.last_seq;
         self.last_published_ms = at_ms;
-        let shared = match self.subjects.get_key_value(subject) {
-            Some((key, _)) => Arc::clone(key),
-            None => Arc::from(subject),
-        };
-        self.subjects
-            .entry(Arc::clone(&shared))
-            .or_default()
-            .push_back(seq);
         self.msgs.insert(
             seq,
             MsgMeta {
-                subject: shared,
+                subject: subject.to_string(),
                 size,
                 published_ms: at_ms,
             },
         );
+        match self.subjects.get_mut(subject) {
+            Some(seqs) => seqs.push_back(seq),
+            None => {
+                self.subjects
+                    .insert(subject.to_string(), VecDeque::from([seq]));
+            }
+        }
         self.bytes = self.bytes.saturating_add(size);
         if let Some(id) = msg_id {
             self.dedup.record(id, seq, at_ms);
@@ -299,7 +270,7 @@ impl StreamState {
                 }
                 msgs -= 1;
                 bytes = bytes.saturating_sub(meta.size);
-                aged_on_subject += u64::from(&*meta.subject == subject);
+                aged_on_subject += u64::from(meta.subject == subject);
             }
         }
         let full = |limit: &str| CoreError::StreamFull {
@@ -478,7 +449,7 @@ impl StreamState {
         (self.subjects.iter())
             .filter(|(s, _)| filter.is_none_or(|f| subject_matches(f, s)))
             .take(limit)
-            .map(|(s, seqs)| (s.to_string(), seqs.len() as u64))
+            .map(|(s, seqs)| (s.clone(), seqs.len() as u64))
             .collect()
     }
 
