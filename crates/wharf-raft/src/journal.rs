@@ -60,7 +60,9 @@ use serde::Serialize;
 use crate::direct_io;
 use crate::direct_io::AlignedBlocks;
 use crate::log_store::index_key;
+use crate::log_store::remove_range;
 use crate::log_store::tree_names;
+use crate::log_store::RemoveOrder;
 use crate::types::io_err;
 use crate::GroupId;
 
@@ -125,9 +127,8 @@ impl Record {
             }
             Record::LogRemove { from, to, .. } => {
                 let log = db.open_tree(log_name).map_err(io_err)?;
-                for index in *from..=*to {
-                    log.remove(index_key(index)).map_err(io_err)?;
-                }
+                // A replay cut short is replayed again whole: order is free.
+                remove_range(&log, *from, *to, RemoveOrder::Ascending)?;
             }
             Record::MetaSet { key, value, .. } => {
                 let meta = db.open_tree(meta_name).map_err(io_err)?;

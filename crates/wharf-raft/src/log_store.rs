@@ -169,14 +169,20 @@ impl LogStore {
 
 /// Which end of the log a removal starts from.
 #[derive(Clone, Copy, Debug)]
-enum RemoveOrder {
+pub(crate) enum RemoveOrder {
     /// A purge: lowest index first, so a part kept is a shorter prefix gone.
     Ascending,
     /// A truncation: highest first, so a part kept is a shorter suffix gone.
     Descending,
 }
 
-fn remove_range(log: &sled::Tree, from: u64, to: u64, order: RemoveOrder) -> io::Result<()> {
+/// Removes the log entries `[from, to]` that exist, one key at a time.
+pub(crate) fn remove_range(
+    log: &sled::Tree,
+    from: u64,
+    to: u64,
+    order: RemoveOrder,
+) -> io::Result<()> {
     let remove = |index| log.remove(index_key(index)).map(drop).map_err(io_err);
     match order {
         RemoveOrder::Ascending => (from..=to).try_for_each(remove),
